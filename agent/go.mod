@@ -1,0 +1,3 @@
+module github.com/wasmesh/wasmesh/agent
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/wasmesh/wasmesh/controlplane
+
+go 1.26

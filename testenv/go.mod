@@ -1,0 +1,3 @@
+module github.com/wasmesh/wasmesh/testenv
+
+go 1.26
