@@ -8,6 +8,13 @@ require (
 )
 
 require (
-	github.com/tetratelabs/wazero v1.7.2 // indirect
+	github.com/tetratelabs/wazero v1.12.0 // indirect
+	go.yaml.in/yaml/v2 v2.4.2 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.44.0 // indirect
+	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+require github.com/wasmesh/wasmesh/wasm v0.0.0
+
+replace github.com/wasmesh/wasmesh/wasm => ../wasm

@@ -1,0 +1,132 @@
+//go:build !wasip1
+
+// These tests run the filter as Envoy would: compiled to a wasip1 reactor, loaded by the
+// proxy-wasm host on wazero, driven through whole requests by the offline harness and by
+// the filtertest scenarios in testdata.
+
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/wasm/filtertest"
+	"github.com/wasmesh/wasmesh/wasm/harness"
+	"github.com/wasmesh/wasmesh/wasm/host"
+	"github.com/wasmesh/wasmesh/wasm/wasmbuild"
+)
+
+// exampleWasm builds this package as a reactor (cached by source content).
+func exampleWasm(tb testing.TB) wasmbuild.Artifact {
+	tb.Helper()
+	art, err := wasmbuild.Build(context.Background(), ".", wasmbuild.Options{})
+	require.NoError(tb, err)
+	return art
+}
+
+func exampleHarness(tb testing.TB, cfg string, instances int) *harness.Harness {
+	tb.Helper()
+	b, err := exampleWasm(tb).Bytes()
+	require.NoError(tb, err)
+	return harness.NewT(tb, harness.Options{Wasm: b, Plugin: host.PluginConfig{
+		Name: "example", Configuration: []byte(cfg), Instances: instances}})
+}
+
+func TestWasmRequestLifecycle(t *testing.T) {
+	h := exampleHarness(t, fullConfig, 1)
+	ctx := context.Background()
+
+	rep, err := h.Do(ctx, harness.Request{Path: "/hello", Body: [][]byte{[]byte("a"), []byte("b")},
+		Response: harness.Response{Status: 200, Headers: [][2]string{{"x-wasmesh-example", "upstream"}}}})
+	require.NoError(t, err)
+	require.NotNil(t, rep.Upstream)
+	assert.Equal(t, "ab", string(rep.Upstream.Body))
+	assert.Equal(t, 200, rep.Status)
+	assert.Equal(t, "hello", rep.Client.Header("x-wasmesh-example"))
+	assert.Nil(t, rep.LocalResponse)
+
+	rep, err = h.Do(ctx, harness.Request{Path: "/admin/x"})
+	require.NoError(t, err)
+	assert.Nil(t, rep.Upstream, "a denied request never reaches the upstream")
+	require.NotNil(t, rep.LocalResponse)
+	assert.Equal(t, 403, rep.Status)
+	assert.Equal(t, "hello", rep.Client.Header("x-wasmesh-example"), "the local reply passes the response callbacks")
+	ph, ok := rep.Phase(harness.PhaseRequestHeaders)
+	require.True(t, ok)
+	assert.Equal(t, host.Pause, ph.Action)
+
+	m, ok := h.Metric("wasmesh_example_requests_total")
+	require.True(t, ok)
+	assert.Equal(t, int64(2), m.Value)
+}
+
+// Requests on several workers run in parallel on separate instances and every one is
+// counted in the shared metric, as Envoy aggregates a metric across workers.
+func TestWasmConcurrentWorkers(t *testing.T) {
+	h := exampleHarness(t, fullConfig, 2)
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				rep, err := h.Do(context.Background(), harness.Request{Path: "/x", Worker: w, PinWorker: true})
+				if err == nil && rep.Status != 200 {
+					err = assert.AnError
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	m, _ := h.Metric("wasmesh_example_requests_total")
+	assert.Equal(t, int64(200), m.Value)
+	assert.Empty(t, h.Stats().Failures)
+}
+
+func TestWasmBadConfigRefusesToStart(t *testing.T) {
+	b, err := exampleWasm(t).Bytes()
+	require.NoError(t, err)
+	_, err = harness.New(context.Background(), harness.Options{Wasm: b,
+		Plugin: host.PluginConfig{Name: "example", Configuration: []byte(`{"deny_path_prefx":"/a"}`)}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "example")
+}
+
+// The scenarios users would run with bin/filtertest pass against the freshly built module.
+func TestWasmScenarios(t *testing.T) {
+	art := exampleWasm(t)
+	files, err := filepath.Glob(filepath.Join("testdata", "*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			s, err := filtertest.Load(f)
+			require.NoError(t, err)
+			s.Wasm = art.Path
+			res := filtertest.Run(context.Background(), nil, s)
+			var out testWriter
+			res.Write(&out, true)
+			t.Log(out.String())
+			require.NoError(t, res.Err)
+			assert.True(t, res.Passed())
+		})
+	}
+}
+
+type testWriter struct{ b []byte }
+
+func (w *testWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
+func (w *testWriter) String() string              { return string(w.b) }

@@ -1,0 +1,132 @@
+package filtertest
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/wasm/wasmbuild"
+)
+
+func kitchenPath(tb testing.TB) string {
+	tb.Helper()
+	art, err := wasmbuild.Build(context.Background(), filepath.Join("..", "host", "testdata", "guests", "kitchen"), wasmbuild.Options{})
+	require.NoError(tb, err)
+	return art.Path
+}
+
+func loadKitchen(t *testing.T) *Scenario {
+	t.Helper()
+	s, err := Load(filepath.Join("testdata", "kitchen.yaml"))
+	require.NoError(t, err)
+	s.Wasm = kitchenPath(t)
+	return s
+}
+
+func TestKitchenScenarioPasses(t *testing.T) {
+	res := Run(context.Background(), nil, loadKitchen(t))
+	var out bytes.Buffer
+	res.Write(&out, true)
+	t.Log(out.String())
+	require.NoError(t, res.Err)
+	require.Len(t, res.Cases, 4)
+	assert.True(t, res.Passed())
+	assert.Contains(t, out.String(), "PASS scenario: shared data")
+	assert.Contains(t, out.String(), "4 of 4 passed")
+}
+
+// Every kind of expectation reports a mismatch, naming the field, the got and the want.
+func TestMismatchesAreReported(t *testing.T) {
+	s := loadKitchen(t)
+	five, nope := "five", "nope"
+	c := &s.Cases[1].Expect
+	c.Status = 200
+	local := false
+	c.LocalResponse = &local
+	c.Body = &five
+	c.ResponseHeaders = map[string]*string{"x-local": &nope, "content-length": nil, "x-missing": &five}
+	c.Metrics = map[string]int64{"ticks_total": 5, "undefined_metric": 1}
+	c.Logs = []string{"never logged"}
+	c.SharedData = map[string]string{"nokey": "x"}
+	failed := true
+	c.Failed = &failed
+	res := Run(context.Background(), nil, s)
+	require.NoError(t, res.Err)
+	assert.False(t, res.Passed())
+	assert.True(t, res.Cases[0].Passed())
+	got := strings.Join(res.Cases[1].Problems, "\n")
+	for _, want := range []string{
+		"status: got 403, want 200",
+		"localResponse: got true, want false",
+		`body: got "nope", want "five"`,
+		`responseHeaders[x-local]: got "yes", want "nope"`,
+		`responseHeaders[x-missing]: absent, want "five"`,
+		"metrics[ticks_total]: got 4, want 5",
+		"metrics[undefined_metric]: not defined by the filter",
+		`logs: no line contains "never logged"`,
+		`sharedData[nokey]: absent, want "x"`,
+		"failed: got false (0 failure(s)), want true",
+	} {
+		assert.Contains(t, got, want)
+	}
+	var out bytes.Buffer
+	res.Write(&out, false)
+	assert.Contains(t, out.String(), "FAIL scenario: ticks fire while the clock advances")
+	assert.Contains(t, out.String(), "3 of 4 passed")
+}
+
+func TestExpectStartError(t *testing.T) {
+	s := loadKitchen(t)
+	s.Cases = nil
+	s.Plugin.Configuration = []byte(`"fail-configure"`)
+	s.Plugin.ExpectStartError = "on_configure returned false"
+	res := Run(context.Background(), nil, s)
+	require.NoError(t, res.Err)
+	assert.True(t, res.Passed())
+
+	s.Plugin.ExpectStartError = "something else"
+	res = Run(context.Background(), nil, s)
+	assert.False(t, res.Passed())
+	assert.Contains(t, res.Start.Problems[0], `does not contain "something else"`)
+
+	s.Plugin.Configuration = []byte(`"tick=1000"`)
+	res = Run(context.Background(), nil, s)
+	assert.False(t, res.Passed())
+	assert.Contains(t, res.Start.Problems[0], "plugin started")
+}
+
+func TestBadScenarios(t *testing.T) {
+	for name, tc := range map[string]struct{ yaml, want string }{
+		"unknown field":    {"wasm: x.wasm\nplugin: {nmae: y}\ncases: [{name: a}]\n", `unknown field "nmae"`},
+		"no wasm":          {"cases: [{name: a}]\n", "wasm: the module to load is required"},
+		"no cases":         {"wasm: x.wasm\n", "cases: at least one case is required"},
+		"unnamed case":     {"wasm: x.wasm\ncases: [{request: {path: /}}]\n", "cases[0].name: required"},
+		"duplicate name":   {"wasm: x.wasm\ncases: [{name: a}, {name: a}]\n", `cases[1].name: "a" is used by an earlier case`},
+		"worker range":     {"wasm: x.wasm\ncases: [{name: a, worker: 1}]\n", "cases[0] (a).worker: 1 is out of range, the plugin has 1 instance(s)"},
+		"bad duration":     {"wasm: x.wasm\ncases: [{name: a, advance: soon}]\n", `duration "soon"`},
+		"start with cases": {"wasm: x.wasm\nplugin: {expectStartError: x}\ncases: [{name: a}]\n", "cannot have cases"},
+		"call both":        {"wasm: x.wasm\nhttpCalls: {c: {noAnswer: true, fail: true}}\ncases: [{name: a}]\n", "httpCalls.c: noAnswer and fail exclude each other"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestMissingWasm(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "s.yaml")
+	require.NoError(t, os.WriteFile(f, []byte("wasm: gone.wasm\ncases: [{name: a}]\n"), 0o644))
+	res := RunFile(context.Background(), nil, f)
+	require.Error(t, res.Err)
+	assert.Contains(t, res.Err.Error(), filepath.Join(dir, "gone.wasm"))
+	assert.False(t, res.Passed())
+}

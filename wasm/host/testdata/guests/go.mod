@@ -1,0 +1,3 @@
+module hostguests
+
+go 1.26
