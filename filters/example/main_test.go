@@ -83,13 +83,15 @@ func TestRejectsUnknownFieldNamingIt(t *testing.T) {
 // probes are the requests every golden case replays, in order.
 var probes = []string{"/", "/admin", "/admin/users", "/administrator", "/public/admin"}
 
-// TestGolden records, for each testdata/<case>/input.json plugin configuration, what the
+// TestGolden records, for each testdata/<case>/input.json plugin configuration (the
+// *.yaml files beside them are filtertest scenarios), what the
 // filter does: whether it starts, what it logs, and what each probe request gets.
 func TestGolden(t *testing.T) {
-	dirs, err := filepath.Glob(filepath.Join("testdata", "*"))
+	dirs, err := filepath.Glob(filepath.Join("testdata", "*", "input.json"))
 	require.NoError(t, err)
 	require.NotEmpty(t, dirs)
-	for _, dir := range dirs {
+	for _, input := range dirs {
+		dir := filepath.Dir(input)
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			input, err := os.ReadFile(filepath.Join(dir, "input.json"))
 			require.NoError(t, err)

@@ -21,11 +21,12 @@ func (r *Runtime) instantiateEnv(ctx context.Context) error {
 	i32, i64 := api.ValueTypeI32, api.ValueTypeI64
 	def := func(name string, fn hostFunc, params ...api.ValueType) {
 		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, stack []uint64) {
-			vc, _ := ctx.Value(callKey{}).(*vmCall)
-			if vc == nil {
+			v, _ := ctx.Value(vmKey{}).(*vm)
+			if v == nil || v.cur == nil {
 				stack[0] = uint64(StatusInternalFailure)
 				return
 			}
+			vc := v.cur
 			if vc.vm.mod == nil {
 				vc.vm.adopt(mod)
 			}

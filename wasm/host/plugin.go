@@ -197,15 +197,20 @@ func (r *Runtime) NewPlugin(ctx context.Context, mod *Module, cfg PluginConfig, 
 		return nil, fmt.Errorf("plugin %q: memory limit %d bytes is below the module's initial memory of %d bytes", cfg.Name, p.limit, min)
 	}
 	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	for i := 0; i < cfg.Instances; i++ {
-		in := &instance{p: p, idx: i}
+	p.instances = make([]*instance, cfg.Instances)
+	for i := range p.instances {
+		p.instances[i] = &instance{p: p, idx: i}
+	}
+	if p.timeout > 0 {
+		go p.watchdog()
+	}
+	for _, in := range p.instances {
 		in.enter()
 		v, err := in.startVM()
 		if err == nil {
 			in.vm = v
 		}
 		in.leave()
-		p.instances = append(p.instances, in)
 		if err != nil {
 			_ = p.Close(ctx)
 			return nil, err
@@ -342,6 +347,8 @@ type instance struct {
 
 	mu sync.Mutex
 	vm *vm
+	// watched is the deadline bookkeeping of the instance's current VM, for the watchdog.
+	watched atomic.Pointer[watch]
 	// notes are embedder notifications (stream signals) and wake-ups of other instances,
 	// collected under mu and run after it is released so the embedder can call back in.
 	notes []func()

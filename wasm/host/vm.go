@@ -39,6 +39,9 @@ type vm struct {
 	doneCh chan struct{}
 	dead   *Failure
 	killed bool
+	// w carries the VM's call context and callback deadline; cur is the running callback.
+	w   *watch
+	cur *vmCall
 	// lastError is the last error-level line the guest logged, quoted when a start-up
 	// callback returns false (Envoy logs it just before "Unable to configure").
 	lastError string
@@ -66,8 +69,6 @@ type pendingCall struct {
 	stop   func() bool
 	cancel context.CancelFunc
 }
-
-type callKey struct{}
 
 // vmCall is the state of one guest callback, reachable from host functions through the
 // call's context. Host calls act on the effective context (the callback's own context
@@ -128,15 +129,15 @@ func (in *instance) startVM() (*vm, error) {
 		// a manual clock does not move while the guest initialises.
 		WithNanotime(func() int64 { return int64(clock.Now().Sub(base)) + 1 }, 1)
 
-	vc := &vmCall{vm: v, callback: "instantiate"}
-	ctx := experimental.WithMemoryAllocator(context.WithValue(p.ctx, callKey{}, vc), v.mem)
-	var cancel context.CancelFunc = func() {}
-	if p.timeout > 0 {
-		ctx, cancel = context.WithTimeout(ctx, p.timeout)
-	}
-	mod, err := instantiate(ctx, p.rt.wz, p.mod.compiled, cfg)
-	cancel()
+	v.w = newWatch(p.ctx, v)
+	in.watched.Store(v.w)
+	v.cur = &vmCall{vm: v, callback: "instantiate"}
+	v.w.begin()
+	mod, err := instantiate(experimental.WithMemoryAllocator(v.w.ctx, v.mem), p.rt.wz, p.mod.compiled, cfg)
+	v.w.end()
+	v.cur = nil
 	if err != nil {
+		v.w.cancel(ErrClosed)
 		return nil, fmt.Errorf("plugin %q: instantiate: %w", p.cfg.Name, v.classify("instantiate", err))
 	}
 	if v.mod == nil {
@@ -280,19 +281,20 @@ func (v *vm) call(vc *vmCall, name string, args ...uint64) (ret uint64, exported
 		return 0, true, v.dead
 	}
 	// The callback deadline is independent of any request context: a client going away
-	// must not tear down an instance in the middle of a callback.
-	ctx := context.WithValue(v.p.ctx, callKey{}, vc)
-	if v.p.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, v.p.timeout)
-		defer cancel()
-	}
+	// must not tear down an instance in the middle of a callback (see watchdog.go).
+	prev := v.cur
+	v.cur = vc
+	v.w.begin()
+	defer func() {
+		v.w.end()
+		v.cur = prev
+	}()
 	v.mem.refused = false
 	// Adapt to 0.1.0 header callbacks, which lack end_of_stream.
 	if n := len(fn.Definition().ParamTypes()); n < len(args) {
 		args = args[:n]
 	}
-	res, cerr := fn.Call(ctx, args...)
+	res, cerr := fn.Call(v.w.ctx, args...)
 	if cerr != nil {
 		return 0, true, v.classify(name, cerr)
 	}
@@ -351,6 +353,7 @@ func (v *vm) kill() {
 	if v.mod != nil {
 		_ = v.mod.Close(context.Background())
 	}
+	v.w.cancel(ErrClosed)
 }
 
 // alive reports whether v is still the instance's VM and usable.

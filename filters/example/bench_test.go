@@ -1,0 +1,127 @@
+//go:build !wasip1
+
+package main
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/wasm/host"
+)
+
+var benchRequest = [][2]string{{":method", "GET"}, {":path", "/products/42"}, {":authority", "shop.example"},
+	{":scheme", "http"}, {"user-agent", "bench"}, {"accept", "*/*"}}
+
+// native is the example filter's logic as a plain Go function on the host's header maps:
+// count, check the path, set the response header.
+func native(cfg config, requests *atomic.Int64, req, resp *host.Headers) bool {
+	requests.Add(1)
+	path, _ := req.Get(":path")
+	if cfg.denied(path) {
+		return false
+	}
+	for _, kv := range cfg.responseHeaders() {
+		resp.Set(kv[0], kv[1])
+	}
+	return true
+}
+
+func benchPlugin(b *testing.B) (*host.Runtime, *host.Module) {
+	b.Helper()
+	ctx := context.Background()
+	wasm, err := exampleWasm(b).Bytes()
+	require.NoError(b, err)
+	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = rt.Close(ctx) })
+	mod, err := rt.Compile(ctx, wasm)
+	require.NoError(b, err)
+	return rt, mod
+}
+
+// BenchmarkHeadersOnlyRequest runs a headers-only request through the example filter in
+// wazero and through the same logic as native Go, in the same run: wasm-ns/req and
+// native-ns/req, their ratio, and added-ns/req (the cost the filter adds to a request).
+func BenchmarkHeadersOnlyRequest(b *testing.B) {
+	ctx := context.Background()
+	rt, mod := benchPlugin(b)
+	p, err := rt.NewPlugin(ctx, mod, host.PluginConfig{Name: "example", Configuration: []byte(fullConfig)},
+		host.Environment{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(b, err)
+	defer p.Close(ctx)
+	cfg, err := parseConfig([]byte(fullConfig))
+	require.NoError(b, err)
+	var requests atomic.Int64
+
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		req, resp := host.NewHeaders(benchRequest...), host.NewHeaders([2]string{":status", "200"})
+		if !native(cfg, &requests, req, resp) {
+			b.Fatal("denied")
+		}
+	}
+	nativeNs := float64(time.Since(start).Nanoseconds()) / float64(b.N)
+
+	start = time.Now()
+	for i := 0; i < b.N; i++ {
+		s, err := p.NewHTTPStream(ctx, host.StreamOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if r := s.OnRequestHeaders(ctx, host.NewHeaders(benchRequest...), true); r.Action != host.Continue {
+			b.Fatal("paused")
+		}
+		resp := host.NewHeaders([2]string{":status", "200"})
+		s.OnResponseHeaders(ctx, resp, true)
+		s.Finish(ctx)
+		if i == 0 {
+			if v, _ := resp.Get("x-wasmesh-example"); v != "hello" {
+				b.Fatalf("response header not set: %q", v)
+			}
+		}
+	}
+	wasmNs := float64(time.Since(start).Nanoseconds()) / float64(b.N)
+	b.StopTimer()
+	if m, _ := p.Metrics().Get(defaultCounter, host.MetricCounter); m.Value != int64(b.N) {
+		b.Fatalf("counter %d, want %d", m.Value, b.N)
+	}
+	b.ReportMetric(wasmNs, "wasm-ns/req")
+	b.ReportMetric(nativeNs, "native-ns/req")
+	b.ReportMetric(wasmNs/nativeNs, "wasm/native")
+	b.ReportMetric(wasmNs-nativeNs, "added-ns/req")
+	b.ReportMetric(float64(p.MemoryBytes()[0])/(1<<20), "MiB/instance-after")
+}
+
+// BenchmarkNewInstance is the time to start one VM instance of the example filter
+// (instantiate, _initialize, root context, vm start, configure) from the compiled module,
+// and the instance's linear memory right after start; the module is compiled once.
+func BenchmarkNewInstance(b *testing.B) {
+	ctx := context.Background()
+	rt, mod := benchPlugin(b)
+	env := host.Environment{Logger: slog.New(slog.DiscardHandler)}
+	var mem uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		p, err := rt.NewPlugin(ctx, mod, host.PluginConfig{Name: "example", Configuration: []byte(fullConfig)}, env)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		mem = p.MemoryBytes()[0]
+		_ = p.Close(ctx)
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(mem)/(1<<20), "MiB/instance")
+	b.ReportMetric(float64(rt.Compilations()), "compilations")
+	if rt.Compilations() != 1 {
+		b.Fatalf("module compiled %d times", rt.Compilations())
+	}
+}
