@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/wasmesh/wasmesh/filters/internal/emulator"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*/output.golden")
@@ -24,8 +26,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*/output.golden")
 func start(t *testing.T, cfg string) (proxytest.HostEmulator, types.OnPluginStartStatus) {
 	t.Helper()
 	opt := proxytest.NewEmulatorOption().WithVMContext(&vmContext{}).WithPluginConfiguration([]byte(cfg))
-	host, reset := proxytest.NewHostEmulator(opt)
-	t.Cleanup(reset)
+	host := emulator.Start(t, opt)
 	return host, host.StartPlugin()
 }
 

@@ -1,0 +1,335 @@
+// Command quota is the mesh's local rate limit: a proxy-wasm HTTP filter that charges each
+// request against token buckets (Envoy's local rate limit) or fixed and rolling windows
+// (Istio's memquota), one bucket per descriptor value, shared by every VM of the proxy
+// through shared data, and answers 429 when one runs dry. Build it as a reactor with
+//
+//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o quota.wasm ./quota
+//
+// # Configuration
+//
+// The plugin configuration is JSON; unknown fields and invalid values fail the plugin at
+// start, with the field's path in the log:
+//
+//	{
+//	  "name": "ingress",
+//	  "shadow": false,
+//	  "rate_limit_headers": true,
+//	  "cas_retries": 5,
+//	  "tick_period": "1s",
+//	  "descriptors": [
+//	    {
+//	      "name": "per_user",
+//	      "entries": [
+//	        {"key": "user", "source": "header", "header": "x-user-id"},
+//	        {"key": "api", "source": "path_prefix", "prefixes": ["/api/v1/", "/api/"]}
+//	      ],
+//	      "token_bucket": {"max_tokens": 100, "tokens_per_fill": 10, "fill_interval": "1s"},
+//	      "overrides": [
+//	        {"match": {"user": "batch"}, "token_bucket": {"max_tokens": 1000, "tokens_per_fill": 100, "fill_interval": "1s"}},
+//	        {"match": {"user": "canary"}, "shadow": true}
+//	      ]
+//	    },
+//	    {
+//	      "name": "per_source",
+//	      "entries": [{"key": "source", "source": "source_principal", "default": "unknown"}],
+//	      "quota": {"max_amount": 600, "valid_duration": "60s", "rolling_window": true, "bucket_duration": "6s"}
+//	    },
+//	    {
+//	      "name": "global",
+//	      "quota": {"max_amount": 10000, "valid_duration": "1s"}
+//	    }
+//	  ]
+//	}
+//
+// Top level:
+//
+//   - name: scopes the shared-data keys (letters, digits, '_', '-', '.'); default the
+//     plugin_name property, else "default". Plugins with the same scope and descriptor
+//     names share buckets.
+//   - shadow: the default for every descriptor: count and add headers, never reject.
+//   - rate_limit_headers: x-ratelimit-limit, -remaining and -reset on allowed responses
+//     (default true). 429s and shadow denials always carry them.
+//   - cas_retries: compare-and-swap retries before failing open (default 5, 0..100).
+//   - tick_period: how often OnTick writes refills to shared data; default the shortest
+//     fill interval, window or slot, within 100ms..1m. Decisions never wait for it.
+//   - descriptors: required, at most 64, evaluated in order.
+//
+// A descriptor (Envoy's descriptor, memquota's quota):
+//
+//   - name: required, unique; the metric tag and part of the key.
+//   - entries: up to 16 key/value pairs taken from the request; each distinct value
+//     tuple has its own bucket. No entries: one bucket for all requests. An entry whose
+//     value is absent makes the descriptor not apply to the request, unless it has a
+//     "default" value. Sources: "header" (with "header": a lower-case name), "path_prefix"
+//     (with "prefixes": the longest prefix of :path that matches; none matching is
+//     absent), "method", "authority" (:authority as sent), "destination_service"
+//     (:authority without the port), "source_principal" (property
+//     connection.uri_san_peer_certificate, the SPIFFE identity under mTLS),
+//     "source_workload" (property downstream_peer.workload, Istio's peer metadata, where
+//     the host publishes it), "property" (with "path": any property). Istio's older
+//     peer metadata header is a "header" source: x-envoy-peer-metadata-id.
+//   - exactly one of token_bucket {max_tokens (required, 0 denies everything),
+//     tokens_per_fill (default 1), fill_interval (required)} and quota {max_amount
+//     (required), valid_duration (required), rolling_window (default false: fixed
+//     windows aligned to the Unix epoch), bucket_duration (rolling only; the slot, default
+//     valid_duration/10, at most 64 slots)}. Durations are Go durations ("1s", "250ms").
+//   - shadow: overrides the top-level shadow.
+//   - overrides: the first whose "match" (entry key → exact value) holds gives the
+//     bucket its own token_bucket or quota and/or shadow (memquota's overrides).
+//
+// # Decisions
+//
+// Every descriptor that applies is charged one unit, in order, until one denies: an
+// enforced denial answers 429 (content-type text/plain, x-ratelimit-limit,
+// x-ratelimit-remaining, x-ratelimit-reset and retry-after, both in seconds rounded up)
+// and charges no later descriptor; a shadow denial is counted and the request goes on.
+// Buckets charged before a denial keep the charge (as Envoy's do). Headers on a
+// forwarded response describe the binding descriptor: a shadow denial if any, else the
+// one with the fewest remaining. They replace upstream headers of the same names.
+//
+// # Shared data
+//
+// A bucket is the shared-data key
+//
+//	wasmesh.quota/<scope>/<descriptor>/<len>:<value>/<len>:<value>...
+//
+// (values longer than 64 bytes as #<FNV-64a hex>), holding the encoding documented in
+// filters/internal/ratelimit: a tag byte, then tokens and last fill time, a window's use
+// and start, or a rolling window's slots. A request reads the value and its CAS, computes
+// and writes it back with the CAS, retrying cas_retries times when another VM wrote in
+// between, then fails open. OnTick writes the refills of the buckets this VM has used.
+//
+// # Metrics
+//
+// Tags are encoded in the name the way Istio's stats filter does, for the proxy's
+// stats_tags to extract (tag=.=value;.; before the name):
+//
+//	descriptor=.=<name>;.;decision=.=<allowed|denied|shadow_denied>;.;wasmesh_quota_requests_total
+//	descriptor=.=<name>;.;reason=.=<cas_exhausted|store_error>;.;wasmesh_quota_fail_open_total
+//
+// A request allowed by failing open counts in both.
+package main
+
+import (
+	"errors"
+	"time"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
+	"github.com/wasmesh/wasmesh/filters/proxywasm"
+)
+
+// init registers the VM context: a reactor's host runs _initialize (package
+// initialisers), never main.
+func init() { proxywasm.SetVMContext(&vmContext{}) }
+
+func main() {}
+
+// vmContext carries what tests replace; the zero value is production.
+type vmContext struct {
+	types.DefaultVMContext
+	// now is the clock; nil means time.Now, which reads the host's WASI clock.
+	now func() time.Time
+	// wrapStore, if set, wraps the shared-data store (tests interpose on CAS writes).
+	wrapStore func(ratelimit.Store) ratelimit.Store
+}
+
+func (vm *vmContext) NewPluginContext(uint32) types.PluginContext {
+	return vm.newPlugin()
+}
+
+func (vm *vmContext) newPlugin() *pluginContext {
+	p := &pluginContext{now: vm.now, wrapStore: vm.wrapStore}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	return p
+}
+
+// sharedData is the ratelimit.Store over proxy-wasm shared data.
+type sharedData struct{}
+
+func (sharedData) Get(key string) ([]byte, uint32, error) {
+	v, cas, err := proxywasm.GetSharedData(key)
+	if errors.Is(err, types.ErrorStatusNotFound) {
+		return nil, 0, ratelimit.ErrNotFound
+	}
+	return v, cas, err
+}
+
+func (sharedData) Set(key string, value []byte, cas uint32) error {
+	err := proxywasm.SetSharedData(key, value, cas)
+	if errors.Is(err, types.ErrorStatusCasMismatch) {
+		return ratelimit.ErrCASMismatch
+	}
+	return err
+}
+
+type pluginContext struct {
+	types.DefaultPluginContext
+	now       func() time.Time
+	wrapStore func(ratelimit.Store) ratelimit.Store
+
+	cfg       *settings
+	limiter   ratelimit.Limiter
+	refresher ratelimit.Refresher // nil when the limiter keeps no state
+	loggedErr bool
+	scratch   scratch
+}
+
+func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
+	data, err := proxywasm.GetPluginConfiguration()
+	if err != nil && !errors.Is(err, types.ErrorStatusNotFound) {
+		proxywasm.LogCriticalf("quota: reading plugin configuration: %v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	cfg, err := parseConfig(data)
+	if err != nil {
+		proxywasm.LogCriticalf("quota: %v", err)
+		return types.OnPluginStartStatusFailed
+	}
+	scope := cfg.name
+	if scope == "" {
+		scope = "default"
+		if b, err := proxywasm.GetProperty([]string{"plugin_name"}); err == nil && len(b) > 0 {
+			scope = string(b)
+		}
+	}
+	for _, d := range cfg.descriptors {
+		d.start(scope)
+	}
+	var store ratelimit.Store = sharedData{}
+	if p.wrapStore != nil {
+		store = p.wrapStore(store)
+	}
+	shared := ratelimit.NewShared(store, cfg.casRetries)
+	p.cfg, p.limiter, p.refresher = cfg, shared, shared
+	p.scratch.init(cfg)
+	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.tickPeriod / time.Millisecond)); err != nil {
+		// Only the stored values go stale: requests refill from the clock.
+		proxywasm.LogWarnf("quota: setting the tick period: %v", err)
+	}
+	return types.OnPluginStartStatusOK
+}
+
+// OnTick writes due refills of every bucket this VM knows, so shared data reflects the
+// clock even for buckets no request touches.
+func (p *pluginContext) OnTick() {
+	if p.refresher == nil {
+		return
+	}
+	now := p.now()
+	for _, d := range p.cfg.descriptors {
+		for _, b := range d.rt.buckets {
+			p.refresher.Refresh(b.key, b.policy, now)
+		}
+	}
+}
+
+func (p *pluginContext) NewHttpContext(uint32) types.HttpContext {
+	return &httpContext{plugin: p}
+}
+
+// outcome is the decision that shapes the response headers.
+type outcome struct {
+	set      bool
+	shadowed bool // denied in shadow mode
+	d        ratelimit.Decision
+}
+
+type httpContext struct {
+	types.DefaultHttpContext
+	plugin *pluginContext
+	result outcome
+	local  bool // a 429 was sent
+}
+
+func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
+	p := h.plugin
+	now := p.now()
+	p.scratch.reset()
+	for _, d := range p.cfg.descriptors {
+		b, ok := p.bucketFor(d)
+		if !ok {
+			continue
+		}
+		req := &p.scratch.req
+		*req = ratelimit.Request{Key: b.key, Policy: b.policy, Hits: 1, Descriptor: d.name, Entries: p.scratch.entries}
+		dec := p.limiter.Decide(req, now)
+		p.count(d, b, dec)
+		switch {
+		case dec.Allowed:
+			if !h.result.set || !h.result.shadowed && dec.Remaining < h.result.d.Remaining {
+				h.result = outcome{set: true, d: dec}
+			}
+		case b.shadow:
+			if !h.result.shadowed {
+				h.result = outcome{set: true, shadowed: true, d: dec}
+			}
+		default:
+			h.result = outcome{set: true, d: dec}
+			return h.deny(d, dec)
+		}
+	}
+	return types.ActionContinue
+}
+
+func (p *pluginContext) count(d *descriptor, b *bucket, dec ratelimit.Decision) {
+	m := &d.rt.metrics
+	switch {
+	case dec.Allowed:
+		m.allowed.Increment(1)
+	case b.shadow:
+		m.shadowDenied.Increment(1)
+	default:
+		m.denied.Increment(1)
+	}
+	switch dec.FailOpen {
+	case ratelimit.CASExhausted:
+		m.casExhausted.Increment(1)
+	case ratelimit.StoreError:
+		m.storeError.Increment(1)
+		if !p.loggedErr { // once: a broken store would otherwise log on every request
+			p.loggedErr = true
+			proxywasm.LogErrorf("quota: shared data failed for %q; failing open (counted in wasmesh_quota_fail_open_total)", b.key)
+		}
+	}
+}
+
+func (h *httpContext) deny(d *descriptor, dec ratelimit.Decision) types.Action {
+	headers := [][2]string{
+		{"content-type", "text/plain; charset=utf-8"},
+		{"x-ratelimit-limit", uitoa(dec.Limit)},
+		{"x-ratelimit-remaining", uitoa(dec.Remaining)},
+		{"x-ratelimit-reset", seconds(dec.Reset)},
+		{"retry-after", seconds(dec.Reset)},
+	}
+	body := []byte("too many requests: quota " + d.name + " exhausted\n")
+	if err := proxywasm.SendHttpResponse(429, headers, body, -1); err != nil {
+		// Failing to reject is failing open; the denial is already counted.
+		proxywasm.LogErrorf("quota: sending 429 for %q: %v", d.name, err)
+		return types.ActionContinue
+	}
+	h.local = true
+	return types.ActionPause
+}
+
+// OnHttpResponseHeaders adds the rate limit headers to forwarded responses. Envoy runs a
+// local reply through the response callbacks too; the 429 already has them.
+func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
+	r := h.result
+	if h.local || !r.set || !r.shadowed && !h.plugin.cfg.headers {
+		return types.ActionContinue
+	}
+	for _, kv := range [...][2]string{
+		{"x-ratelimit-limit", uitoa(r.d.Limit)},
+		{"x-ratelimit-remaining", uitoa(r.d.Remaining)},
+		{"x-ratelimit-reset", seconds(r.d.Reset)},
+	} {
+		if err := proxywasm.ReplaceHttpResponseHeader(kv[0], kv[1]); err != nil {
+			proxywasm.LogErrorf("quota: setting response header %q: %v", kv[0], err)
+		}
+	}
+	return types.ActionContinue
+}

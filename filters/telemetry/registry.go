@@ -1,0 +1,107 @@
+package main
+
+// The registry turns a request's label values into metric ids. The ABI defines a metric
+// per full name, so every distinct label set is a metric of its own in the proxy; the
+// registry defines each once and keeps its id, keyed by the encoded tags.
+//
+// Metrics with the same tags (the four standard ones, unless configured apart) form a
+// group and share one key, so a request encodes its labels once per group, not once per
+// metric. The key is built in a reused buffer and looked up without converting it to a
+// string, so a request whose label set is already known allocates nothing here.
+//
+// Cardinality is capped per group, which is per metric: a metric gets at most
+// max_label_sets_per_metric label sets. A request that would add one more is recorded
+// in none of that group's metrics; instead it increments
+//
+//	metric=.=<metric full name>;.;wasmesh_telemetry_overflow_total
+//
+// once per metric it missed. Memory therefore stays bounded whatever values requests
+// carry (each tag value is also cut to maxTagValueLen bytes).
+
+const (
+	overflowMetricName = "wasmesh_telemetry_overflow_total"
+	overflowTagName    = "metric"
+)
+
+// metricSink is the host's metric API.
+type metricSink interface {
+	define(kind metricKind, name string) uint32
+	// record adds a counter value, sets a gauge, or records a histogram sample.
+	record(kind metricKind, id uint32, v int64)
+}
+
+type group struct {
+	metrics []int     // indices into plan.metrics
+	tags    []tagPlan // identical for every metric of the group
+	sets    map[string][]uint32
+}
+
+type registry struct {
+	pl       *plan
+	sink     metricSink
+	groups   []group
+	overflow []uint32 // counter id per metric
+	buf      []byte
+}
+
+func newRegistry(pl *plan, sink metricSink) *registry {
+	r := &registry{pl: pl, sink: sink, groups: make([]group, len(pl.groups))}
+	for g, ms := range pl.groups {
+		r.groups[g] = group{metrics: ms, tags: pl.metrics[ms[0]].tags, sets: map[string][]uint32{}}
+	}
+	for i := range pl.metrics {
+		// Defined up front so the counter exists, at zero, before anything overflows.
+		r.overflow = append(r.overflow, sink.define(kindCounter, overflowName(pl.metrics[i].fullName)))
+	}
+	return r
+}
+
+// overflowName is the encoded name of the overflow counter for a metric.
+func overflowName(fullName string) string {
+	return string(appendTag(nil, overflowTagName, fullName)) + overflowMetricName
+}
+
+// report records one request: values are its label values (standard labels, then
+// dimensions), vals[i] and ok[i] the value of plan metric i (not recorded when !ok).
+func (r *registry) report(values []string, vals []int64, ok []bool) {
+	for g := range r.groups {
+		gr := &r.groups[g]
+		ids := r.lookup(gr, values)
+		for i, mi := range gr.metrics {
+			switch {
+			case ids == nil:
+				r.sink.record(kindCounter, r.overflow[mi], 1)
+			case ok[mi]:
+				r.sink.record(r.pl.metrics[mi].kind, ids[i], vals[mi])
+			}
+		}
+	}
+}
+
+// lookup returns the ids of the group's metrics for values, defining them the first time
+// the label set is seen; nil when the label set is new and the group is full.
+func (r *registry) lookup(gr *group, values []string) []uint32 {
+	r.buf = r.buf[:0]
+	for _, t := range gr.tags {
+		r.buf = appendTag(r.buf, t.name, values[t.index])
+	}
+	if ids, ok := gr.sets[string(r.buf)]; ok {
+		return ids
+	}
+	if len(gr.sets) >= r.pl.maxLabelSets {
+		return nil
+	}
+	key := string(r.buf)
+	ids := make([]uint32, len(gr.metrics))
+	for i, mi := range gr.metrics {
+		m := &r.pl.metrics[mi]
+		ids[i] = r.sink.define(m.kind, key+m.fullName)
+	}
+	gr.sets[key] = ids
+	return ids
+}
+
+// labelSets returns how many label sets the metric has.
+func (r *registry) labelSets(metric int) int {
+	return len(r.groups[r.pl.metrics[metric].group].sets)
+}
