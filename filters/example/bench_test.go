@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasmesh/wasmesh/filters/internal/wasmtest"
 	"github.com/wasmesh/wasmesh/wasm/host"
 )
 
@@ -34,8 +35,7 @@ func native(cfg config, requests *atomic.Int64, req, resp *host.Headers) bool {
 func benchPlugin(b *testing.B) (*host.Runtime, *host.Module) {
 	b.Helper()
 	ctx := context.Background()
-	wasm, err := exampleWasm(b).Bytes()
-	require.NoError(b, err)
+	wasm := wasmtest.Bytes(b, ".")
 	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = rt.Close(ctx) })

@@ -15,25 +15,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasmesh/wasmesh/filters/internal/wasmtest"
 	"github.com/wasmesh/wasmesh/wasm/filtertest"
 	"github.com/wasmesh/wasmesh/wasm/harness"
 	"github.com/wasmesh/wasmesh/wasm/host"
-	"github.com/wasmesh/wasmesh/wasm/wasmbuild"
 )
-
-// exampleWasm builds this package as a reactor (cached by source content).
-func exampleWasm(tb testing.TB) wasmbuild.Artifact {
-	tb.Helper()
-	art, err := wasmbuild.Build(context.Background(), ".", wasmbuild.Options{})
-	require.NoError(tb, err)
-	return art
-}
 
 func exampleHarness(tb testing.TB, cfg string, instances int) *harness.Harness {
 	tb.Helper()
-	b, err := exampleWasm(tb).Bytes()
-	require.NoError(tb, err)
-	return harness.NewT(tb, harness.Options{Wasm: b, Plugin: host.PluginConfig{
+	return wasmtest.Harness(tb, ".", harness.Options{Plugin: host.PluginConfig{
 		Name: "example", Configuration: []byte(cfg), Instances: instances}})
 }
 
@@ -97,9 +87,8 @@ func TestWasmConcurrentWorkers(t *testing.T) {
 }
 
 func TestWasmBadConfigRefusesToStart(t *testing.T) {
-	b, err := exampleWasm(t).Bytes()
-	require.NoError(t, err)
-	_, err = harness.New(context.Background(), harness.Options{Wasm: b,
+	b := wasmtest.Bytes(t, ".")
+	_, err := harness.New(context.Background(), harness.Options{Wasm: b,
 		Plugin: host.PluginConfig{Name: "example", Configuration: []byte(`{"deny_path_prefx":"/a"}`)}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "example")
@@ -107,7 +96,7 @@ func TestWasmBadConfigRefusesToStart(t *testing.T) {
 
 // The scenarios users would run with bin/filtertest pass against the freshly built module.
 func TestWasmScenarios(t *testing.T) {
-	art := exampleWasm(t)
+	art := wasmtest.Build(t, ".")
 	files, err := filepath.Glob(filepath.Join("testdata", "*.yaml"))
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
