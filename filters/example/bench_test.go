@@ -32,34 +32,13 @@ func native(cfg config, requests *atomic.Int64, req, resp *host.Headers) bool {
 	return true
 }
 
-func benchPlugin(b *testing.B) (*host.Runtime, *host.Module) {
-	b.Helper()
-	ctx := context.Background()
-	wasm := wasmtest.Bytes(b, ".")
-	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = rt.Close(ctx) })
-	mod, err := rt.Compile(ctx, wasm)
-	require.NoError(b, err)
-	return rt, mod
-}
-
 // BenchmarkHeadersOnlyRequest runs a headers-only request through the example filter in
-// wazero and through the same logic as native Go, in the same run: wasm-ns/req and
-// native-ns/req, their ratio, and added-ns/req (the cost the filter adds to a request).
+// wazero and through the same logic as native Go, in the same run.
 func BenchmarkHeadersOnlyRequest(b *testing.B) {
-	ctx := context.Background()
-	rt, mod := benchPlugin(b)
-	p, err := rt.NewPlugin(ctx, mod, host.PluginConfig{Name: "example", Configuration: []byte(fullConfig)},
-		host.Environment{Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(b, err)
-	defer p.Close(ctx)
 	cfg, err := parseConfig([]byte(fullConfig))
 	require.NoError(b, err)
 	var requests atomic.Int64
-
 	b.ReportAllocs()
-	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		req, resp := host.NewHeaders(benchRequest...), host.NewHeaders([2]string{":status", "200"})
@@ -69,34 +48,20 @@ func BenchmarkHeadersOnlyRequest(b *testing.B) {
 	}
 	nativeNs := float64(time.Since(start).Nanoseconds()) / float64(b.N)
 
-	start = time.Now()
-	for i := 0; i < b.N; i++ {
-		s, err := p.NewHTTPStream(ctx, host.StreamOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if r := s.OnRequestHeaders(ctx, host.NewHeaders(benchRequest...), true); r.Action != host.Continue {
-			b.Fatal("paused")
-		}
-		resp := host.NewHeaders([2]string{":status", "200"})
-		s.OnResponseHeaders(ctx, resp, true)
-		s.Finish(ctx)
-		if i == 0 {
-			if v, _ := resp.Get("x-wasmesh-example"); v != "hello" {
-				b.Fatalf("response header not set: %q", v)
+	wasmNs, mib := wasmtest.BenchWasm(b, ".", host.PluginConfig{Name: "example", Configuration: []byte(fullConfig)}, nil,
+		wasmtest.Exchange{Request: benchRequest, Response: [][2]string{{":status", "200"}}}, b.N,
+		func(first *host.Headers, p *host.Plugin) {
+			if first != nil {
+				if v, _ := first.Get("x-wasmesh-example"); v != "hello" {
+					b.Fatalf("response header not set: %q", v)
+				}
+				return
 			}
-		}
-	}
-	wasmNs := float64(time.Since(start).Nanoseconds()) / float64(b.N)
-	b.StopTimer()
-	if m, _ := p.Metrics().Get(defaultCounter, host.MetricCounter); m.Value != int64(b.N) {
-		b.Fatalf("counter %d, want %d", m.Value, b.N)
-	}
-	b.ReportMetric(wasmNs, "wasm-ns/req")
-	b.ReportMetric(nativeNs, "native-ns/req")
-	b.ReportMetric(wasmNs/nativeNs, "wasm/native")
-	b.ReportMetric(wasmNs-nativeNs, "added-ns/req")
-	b.ReportMetric(float64(p.MemoryBytes()[0])/(1<<20), "MiB/instance-after")
+			if m, _ := p.Metrics().Get(defaultCounter, host.MetricCounter); m.Value != int64(b.N) {
+				b.Fatalf("counter %d, want %d", m.Value, b.N)
+			}
+		})
+	wasmtest.Report(b, wasmNs, nativeNs, mib)
 }
 
 // BenchmarkNewInstance is the time to start one VM instance of the example filter
@@ -104,7 +69,11 @@ func BenchmarkHeadersOnlyRequest(b *testing.B) {
 // and the instance's linear memory right after start; the module is compiled once.
 func BenchmarkNewInstance(b *testing.B) {
 	ctx := context.Background()
-	rt, mod := benchPlugin(b)
+	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(b, err)
+	defer rt.Close(ctx)
+	mod, err := rt.Compile(ctx, wasmtest.Bytes(b, "."))
+	require.NoError(b, err)
 	env := host.Environment{Logger: slog.New(slog.DiscardHandler)}
 	var mem uint64
 	b.ReportAllocs()

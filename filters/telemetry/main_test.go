@@ -66,7 +66,7 @@ func serializePairs(m map[string]string) []byte {
 
 // proxy is one emulated proxy running the filter.
 type proxy struct {
-	t    *testing.T
+	t    testing.TB
 	host proxytest.HostEmulator
 	vm   *vmContext
 }
@@ -79,7 +79,7 @@ const (
 
 // startProxy starts the filter with cfg on a proxy of workload id (nodeID ""
 // omits node.id); direction 0 leaves listener_direction unset.
-func startProxy(t *testing.T, cfg string, id nodeIdentity, nodeID string, direction int64) (*proxy, types.OnPluginStartStatus) {
+func startProxy(t testing.TB, cfg string, id nodeIdentity, nodeID string, direction int64) (*proxy, types.OnPluginStartStatus) {
 	t.Helper()
 	vm := &vmContext{}
 	opt := proxytest.NewEmulatorOption().WithVMContext(vm).WithPluginConfiguration([]byte(cfg))
@@ -101,7 +101,7 @@ func startProxy(t *testing.T, cfg string, id nodeIdentity, nodeID string, direct
 	return &proxy{t: t, host: host, vm: vm}, host.StartPlugin()
 }
 
-func mustStart(t *testing.T, cfg string, id nodeIdentity, nodeID string, direction int64) *proxy {
+func mustStart(t testing.TB, cfg string, id nodeIdentity, nodeID string, direction int64) *proxy {
 	t.Helper()
 	p, status := startProxy(t, cfg, id, nodeID, direction)
 	require.Equal(t, types.OnPluginStartStatusOK, status, "critical logs: %v", p.host.GetCriticalLogs())

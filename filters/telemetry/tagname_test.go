@@ -13,7 +13,7 @@ import (
 // extractTags does what Envoy does with the stats_tags rules (NAME=\.=(.*?);\.;) the
 // agent writes for this filter: every rule is matched against the full name, its first
 // group is cut out and its second group is the tag value.
-func extractTags(t *testing.T, name string, tagNames []string) (string, map[string]string) {
+func extractTags(t testing.TB, name string, tagNames []string) (string, map[string]string) {
 	t.Helper()
 	type cut struct{ from, to int }
 	var cuts []cut
