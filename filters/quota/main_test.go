@@ -49,7 +49,7 @@ type env struct {
 
 const principal = "spiffe://cluster.local/ns/default/sa/productpage"
 
-func newEnv(t *testing.T, cfg string, wrap func(ratelimit.Store) ratelimit.Store) *env {
+func newEnv(t testing.TB, cfg string, wrap func(ratelimit.Store) ratelimit.Store) *env {
 	t.Helper()
 	c := newClock()
 	vm := &recorder{vmContext: vmContext{now: c.now, wrapStore: wrap}}
@@ -60,7 +60,7 @@ func newEnv(t *testing.T, cfg string, wrap func(ratelimit.Store) ratelimit.Store
 	return &env{host: host, status: host.StartPlugin(), clock: c, vm: vm}
 }
 
-func start(t *testing.T, cfg string) *env {
+func start(t testing.TB, cfg string) *env {
 	t.Helper()
 	e := newEnv(t, cfg, nil)
 	require.Equal(t, types.OnPluginStartStatusOK, e.status, "critical logs: %v", e.host.GetCriticalLogs())
@@ -77,7 +77,7 @@ type result struct {
 
 // do sends one request with the given extra headers and, if it is forwarded, a 200
 // response back through the filter.
-func (e *env) do(t *testing.T, path string, extra ...string) result {
+func (e *env) do(t testing.TB, path string, extra ...string) result {
 	t.Helper()
 	require.True(t, len(extra)%2 == 0)
 	hs := [][2]string{{":method", "GET"}, {":path", path}, {":authority", "reviews:9080"}}
