@@ -432,110 +432,78 @@ func b2u(b bool) uint64 {
 // OnRequestHeaders delivers the request headers (proxy_on_request_headers). h is modified
 // in place by the guest.
 func (s *HTTPStream) OnRequestHeaders(ctx context.Context, h *Headers, endOfStream bool) Result {
-	if h == nil {
-		h = NewHeaders()
-	}
-	s.in.enter()
-	defer s.in.leave()
-	res, _ := s.run(fnOnRequestHeaders, func() {
-		s.reqH, s.phase, s.eos = h, phaseRequestHeaders, endOfStream
-	}, uint64(s.id), uint64(h.Len()), b2u(endOfStream))
-	if s.reqH == nil {
-		s.reqH = h
-	}
-	return res
+	return s.deliverMap(fnOnRequestHeaders, phaseRequestHeaders, &s.reqH, h, endOfStream, true)
 }
 
 // OnRequestBody delivers a chunk of request body (proxy_on_request_body). While the filter
 // pauses, chunks accumulate and the guest sees the whole buffer; Result.Body holds what to
 // forward once it continues.
 func (s *HTTPStream) OnRequestBody(ctx context.Context, chunk []byte, endOfStream bool) Result {
-	s.in.enter()
-	defer s.in.leave()
-	s.reqBytes += int64(len(chunk))
-	if s.reqBuffering {
-		s.reqBody = append(s.reqBody, chunk...)
-	} else {
-		s.reqBody = append([]byte(nil), chunk...)
-	}
-	res, _ := s.run(fnOnRequestBody, func() {
-		s.phase, s.eos = phaseRequestBody, endOfStream
-	}, uint64(s.id), uint64(len(s.reqBody)), b2u(endOfStream))
-	if res.Action == Continue {
-		res.Body, s.reqBody, s.reqBuffering = s.reqBody, nil, false
-	} else {
-		s.reqBuffering = true
-	}
-	return res
+	return s.deliverBody(fnOnRequestBody, phaseRequestBody, &s.reqBody, &s.reqBuffering, &s.reqBytes, chunk, endOfStream)
 }
 
 // OnRequestTrailers delivers the request trailers (proxy_on_request_trailers).
 func (s *HTTPStream) OnRequestTrailers(ctx context.Context, t *Headers) Result {
-	if t == nil {
-		t = NewHeaders()
-	}
-	s.in.enter()
-	defer s.in.leave()
-	res, _ := s.run(fnOnRequestTrailers, func() {
-		s.reqT, s.phase, s.eos = t, phaseRequestTrailers, true
-	}, uint64(s.id), uint64(t.Len()))
-	if s.reqT == nil {
-		s.reqT = t
-	}
-	return res
+	return s.deliverMap(fnOnRequestTrailers, phaseRequestTrailers, &s.reqT, t, true, false)
 }
 
 // OnResponseHeaders delivers the response headers, including ":status"
 // (proxy_on_response_headers).
 func (s *HTTPStream) OnResponseHeaders(ctx context.Context, h *Headers, endOfStream bool) Result {
-	if h == nil {
-		h = NewHeaders()
-	}
-	s.in.enter()
-	defer s.in.leave()
-	res, _ := s.run(fnOnResponseHeaders, func() {
-		s.respH, s.phase, s.eos = h, phaseResponseHeaders, endOfStream
-	}, uint64(s.id), uint64(h.Len()), b2u(endOfStream))
-	if s.respH == nil {
-		s.respH = h
-	}
-	return res
+	return s.deliverMap(fnOnResponseHeaders, phaseResponseHeaders, &s.respH, h, endOfStream, true)
 }
 
 // OnResponseBody delivers a chunk of response body (proxy_on_response_body); see
 // OnRequestBody.
 func (s *HTTPStream) OnResponseBody(ctx context.Context, chunk []byte, endOfStream bool) Result {
-	s.in.enter()
-	defer s.in.leave()
-	s.respBytes += int64(len(chunk))
-	if s.respBuf {
-		s.respBody = append(s.respBody, chunk...)
-	} else {
-		s.respBody = append([]byte(nil), chunk...)
-	}
-	res, _ := s.run(fnOnResponseBody, func() {
-		s.phase, s.eos = phaseResponseBody, endOfStream
-	}, uint64(s.id), uint64(len(s.respBody)), b2u(endOfStream))
-	if res.Action == Continue {
-		res.Body, s.respBody, s.respBuf = s.respBody, nil, false
-	} else {
-		s.respBuf = true
-	}
-	return res
+	return s.deliverBody(fnOnResponseBody, phaseResponseBody, &s.respBody, &s.respBuf, &s.respBytes, chunk, endOfStream)
 }
 
 // OnResponseTrailers delivers the response trailers (proxy_on_response_trailers).
 func (s *HTTPStream) OnResponseTrailers(ctx context.Context, t *Headers) Result {
-	if t == nil {
-		t = NewHeaders()
+	return s.deliverMap(fnOnResponseTrailers, phaseResponseTrailers, &s.respT, t, true, false)
+}
+
+// deliverMap runs a header or trailer callback with m as the phase's map (slot); trailer
+// callbacks take no end_of_stream argument (eosArg false).
+func (s *HTTPStream) deliverMap(fn string, phase streamPhase, slot **Headers, m *Headers, endOfStream, eosArg bool) Result {
+	if m == nil {
+		m = NewHeaders()
 	}
 	s.in.enter()
 	defer s.in.leave()
-	res, _ := s.run(fnOnResponseTrailers, func() {
-		s.respT, s.phase, s.eos = t, phaseResponseTrailers, true
-	}, uint64(s.id), uint64(t.Len()))
-	if s.respT == nil {
-		s.respT = t
+	args := [3]uint64{uint64(s.id), uint64(m.Len()), b2u(endOfStream)}
+	n := 2
+	if eosArg {
+		n = 3
+	}
+	res, _ := s.run(fn, func() {
+		*slot, s.phase, s.eos = m, phase, endOfStream
+	}, args[:n]...)
+	if *slot == nil {
+		*slot = m
+	}
+	return res
+}
+
+// deliverBody runs a body callback for one chunk: while the guest pauses, chunks
+// accumulate in *body (buffering) and the guest sees the whole buffer.
+func (s *HTTPStream) deliverBody(fn string, phase streamPhase, body *[]byte, buffering *bool, total *int64, chunk []byte, endOfStream bool) Result {
+	s.in.enter()
+	defer s.in.leave()
+	*total += int64(len(chunk))
+	if *buffering {
+		*body = append(*body, chunk...)
+	} else {
+		*body = append([]byte(nil), chunk...)
+	}
+	res, _ := s.run(fn, func() {
+		s.phase, s.eos = phase, endOfStream
+	}, uint64(s.id), uint64(len(*body)), b2u(endOfStream))
+	if res.Action == Continue {
+		res.Body, *body, *buffering = *body, nil, false
+	} else {
+		*buffering = true
 	}
 	return res
 }
