@@ -776,6 +776,15 @@ func (e *logicExpr) eval(r attrReader) (value, bool) {
 	return value{b: !decisive}, true
 }
 
+// evalBoth evaluates the operands of a binary expression; false if either has no value.
+func evalBoth(a, b expression, r attrReader) (va, vb value, ok bool) {
+	if va, ok = a.eval(r); !ok {
+		return value{}, value{}, false
+	}
+	vb, ok = b.eval(r)
+	return va, vb, ok
+}
+
 type eqExpr struct {
 	a, b expression
 	neg  bool
@@ -783,11 +792,7 @@ type eqExpr struct {
 
 func (e *eqExpr) typ() valType { return typeBool }
 func (e *eqExpr) eval(r attrReader) (value, bool) {
-	va, ok := e.a.eval(r)
-	if !ok {
-		return value{}, false
-	}
-	vb, ok := e.b.eval(r)
+	va, vb, ok := evalBoth(e.a, e.b, r)
 	if !ok {
 		return value{}, false
 	}
@@ -810,11 +815,7 @@ type cmpExpr struct {
 
 func (e *cmpExpr) typ() valType { return typeBool }
 func (e *cmpExpr) eval(r attrReader) (value, bool) {
-	va, ok := e.a.eval(r)
-	if !ok {
-		return value{}, false
-	}
-	vb, ok := e.b.eval(r)
+	va, vb, ok := evalBoth(e.a, e.b, r)
 	if !ok {
 		return value{}, false
 	}
@@ -850,11 +851,7 @@ type addExpr struct {
 
 func (e *addExpr) typ() valType { return e.a.typ() }
 func (e *addExpr) eval(r attrReader) (value, bool) {
-	va, ok := e.a.eval(r)
-	if !ok {
-		return value{}, false
-	}
-	vb, ok := e.b.eval(r)
+	va, vb, ok := evalBoth(e.a, e.b, r)
 	if !ok {
 		return value{}, false
 	}
