@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -106,7 +107,7 @@ func TestWasmScenarios(t *testing.T) {
 			require.NoError(t, err)
 			s.Wasm = art.Path
 			res := filtertest.Run(context.Background(), nil, s)
-			var out testWriter
+			var out strings.Builder
 			res.Write(&out, true)
 			t.Log(out.String())
 			require.NoError(t, res.Err)
@@ -114,8 +115,3 @@ func TestWasmScenarios(t *testing.T) {
 		})
 	}
 }
-
-type testWriter struct{ b []byte }
-
-func (w *testWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
-func (w *testWriter) String() string              { return string(w.b) }
