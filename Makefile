@@ -23,6 +23,7 @@ COMMANDS := $(wildcard $(addsuffix /cmd/*,$(MODULES)))
 AS_FIXTURE := $(WASM_OUT)/testdata/as_filter.wasm
 
 # Test binaries read these to find the artifacts built here.
+export WASMESH_BIN_DIR := $(BIN)
 export WASMESH_WASM_DIR := $(WASM_OUT)
 export WASMESH_AS_FIXTURE := $(AS_FIXTURE)
 
@@ -66,11 +67,11 @@ vet: deps
 	@if [ -d filters ]; then echo "go vet filters (wasip1)"; cd filters && GOOS=wasip1 GOARCH=wasm $(GO) vet ./...; fi
 
 # WASMESH_REQUIRE_FIXTURES turns a missing build artifact into a test failure instead of a skip.
-test: vet wasm fixtures
+test: vet build fixtures
 	@for m in $(MODULES); do echo "go test $$m"; \
 		(cd $$m && WASMESH_REQUIRE_FIXTURES=1 $(GO) test -count=1 -timeout 20m ./...) || exit 1; done
 
-bench: wasm fixtures
+bench: build fixtures
 	@for m in $(MODULES); do echo "go bench $$m"; \
 		(cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...) || exit 1; done
 
