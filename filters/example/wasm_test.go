@@ -8,8 +8,6 @@ package main
 
 import (
 	"context"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 
@@ -17,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasmesh/wasmesh/filters/internal/wasmtest"
-	"github.com/wasmesh/wasmesh/wasm/filtertest"
 	"github.com/wasmesh/wasmesh/wasm/harness"
 	"github.com/wasmesh/wasmesh/wasm/host"
 )
@@ -96,22 +93,4 @@ func TestWasmBadConfigRefusesToStart(t *testing.T) {
 }
 
 // The scenarios users would run with bin/filtertest pass against the freshly built module.
-func TestWasmScenarios(t *testing.T) {
-	art := wasmtest.Build(t, ".")
-	files, err := filepath.Glob(filepath.Join("testdata", "*.yaml"))
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			s, err := filtertest.Load(f)
-			require.NoError(t, err)
-			s.Wasm = art.Path
-			res := filtertest.Run(context.Background(), nil, s)
-			var out strings.Builder
-			res.Write(&out, true)
-			t.Log(out.String())
-			require.NoError(t, res.Err)
-			assert.True(t, res.Passed())
-		})
-	}
-}
+func TestWasmScenarios(t *testing.T) { wasmtest.Scenarios(t, ".") }

@@ -86,3 +86,6 @@ func TestWasmBadConfigurationRefusesToStart(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "max_tokens")
 }
+
+// The scenario in testdata, which the README shows users running with bin/filtertest.
+func TestWasmScenarios(t *testing.T) { wasmtest.Scenarios(t, ".") }

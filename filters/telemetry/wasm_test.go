@@ -186,3 +186,6 @@ func TestWasmBadConfigurationRefusesToStart(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `unknown attribute request.header['x-user']`)
 }
+
+// The scenario in testdata, which the README shows users running with bin/filtertest.
+func TestWasmScenarios(t *testing.T) { wasmtest.Scenarios(t, ".") }

@@ -185,7 +185,7 @@ func (e Expect) check(rep *harness.Report) []string {
 	for _, name := range sortedKeys(e.Metrics) {
 		m, ok := rep.Metric(name)
 		if !ok {
-			bad("metrics[%s]: not defined by the filter", name)
+			bad("metrics[%s]: not defined by the filter (it defines: %s)", name, definedMetrics(rep.Metrics))
 			continue
 		}
 		got := m.Value
@@ -292,4 +292,18 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// definedMetrics lists the metric names a report holds, for an expectation that names
+// none of them: tagged names are long, and the list shows the exact spelling.
+func definedMetrics(ms []host.MetricSnapshot) string {
+	if len(ms) == 0 {
+		return "none"
+	}
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.Name
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
 }
