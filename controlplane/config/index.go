@@ -1,0 +1,105 @@
+package config
+
+import (
+	extensions "istio.io/api/extensions/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
+	networkingbeta "istio.io/api/networking/v1beta1"
+	security "istio.io/api/security/v1beta1"
+	telemetry "istio.io/api/telemetry/v1alpha1"
+	"google.golang.org/protobuf/proto"
+)
+
+// Index is an immutable view of a set of configs, indexed for the generators: by kind, by
+// kind and namespace, and by the workload selector of the kinds that select proxies.
+type Index struct {
+	all    map[Key]*Config
+	byKind map[Kind][]*Config
+	byNS   map[Kind]map[string][]*Config
+}
+
+// NewIndex indexes configs; the slice is not retained.
+func NewIndex(configs []*Config) *Index {
+	ix := &Index{all: map[Key]*Config{}, byKind: map[Kind][]*Config{}, byNS: map[Kind]map[string][]*Config{}}
+	sorted := append([]*Config(nil), configs...)
+	SortConfigs(sorted)
+	for _, c := range sorted {
+		ix.all[c.Key()] = c
+		ix.byKind[c.Kind] = append(ix.byKind[c.Kind], c)
+		if ix.byNS[c.Kind] == nil {
+			ix.byNS[c.Kind] = map[string][]*Config{}
+		}
+		ix.byNS[c.Kind][c.Namespace] = append(ix.byNS[c.Kind][c.Namespace], c)
+	}
+	return ix
+}
+
+// Get returns the config with key k, or nil.
+func (ix *Index) Get(k Key) *Config { return ix.all[k] }
+
+// List returns the configs of a kind, sorted by namespace and name.
+func (ix *Index) List(kind Kind) []*Config { return ix.byKind[kind] }
+
+// Namespace returns the configs of a kind in one namespace.
+func (ix *Index) Namespace(kind Kind, ns string) []*Config { return ix.byNS[kind][ns] }
+
+// Len is the number of configs.
+func (ix *Index) Len() int { return len(ix.all) }
+
+// ForWorkload returns the configs of kind in namespace ns whose workload selector matches
+// labels (a config without a selector applies to every workload of its namespace). The root
+// namespace's configs are included when rootNS is set, Istio's mesh-wide scope.
+func (ix *Index) ForWorkload(kind Kind, ns, rootNS string, labels map[string]string) []*Config {
+	var out []*Config
+	add := func(cs []*Config) {
+		for _, c := range cs {
+			if sel, ok := Selector(c.Spec); !ok || SelectorMatches(sel, labels) {
+				out = append(out, c)
+			}
+		}
+	}
+	add(ix.byNS[kind][ns])
+	if rootNS != "" && rootNS != ns {
+		add(ix.byNS[kind][rootNS])
+	}
+	return out
+}
+
+// Selector returns the labels a config uses to select the proxies it applies to, and whether
+// the kind selects proxies at all. A ServiceEntry's workloadSelector picks endpoints, not
+// proxies, so it is not reported here.
+func Selector(spec proto.Message) (map[string]string, bool) {
+	switch s := spec.(type) {
+	case *networking.Sidecar:
+		return s.GetWorkloadSelector().GetLabels(), s.GetWorkloadSelector() != nil
+	case *networking.EnvoyFilter:
+		return s.GetWorkloadSelector().GetLabels(), s.GetWorkloadSelector() != nil
+	case *networking.DestinationRule:
+		return s.GetWorkloadSelector().GetMatchLabels(), s.GetWorkloadSelector() != nil
+	case *networking.Gateway:
+		return s.GetSelector(), len(s.GetSelector()) > 0
+	case *networkingbeta.ProxyConfig:
+		return s.GetSelector().GetMatchLabels(), s.GetSelector() != nil
+	case *extensions.WasmPlugin:
+		return s.GetSelector().GetMatchLabels(), s.GetSelector() != nil
+	case *telemetry.Telemetry:
+		return s.GetSelector().GetMatchLabels(), s.GetSelector() != nil
+	case *security.AuthorizationPolicy:
+		return s.GetSelector().GetMatchLabels(), s.GetSelector() != nil
+	case *security.PeerAuthentication:
+		return s.GetSelector().GetMatchLabels(), s.GetSelector() != nil
+	case *security.RequestAuthentication:
+		return s.GetSelector().GetMatchLabels(), s.GetSelector() != nil
+	}
+	return nil, false
+}
+
+// SelectorMatches reports whether every selector label is present in labels with the same
+// value; an empty selector matches everything.
+func SelectorMatches(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if lv, ok := labels[k]; !ok || lv != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,273 @@
+// Package filedir is a config source reading Istio YAML from a directory tree and watching it
+// with fsnotify. A rejected document is reported (log, metric, status) and its last good
+// version stays in force; every other document applies.
+package filedir
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+)
+
+// DocStatus is the outcome of the latest read of one document, for /debug/configz.
+type DocStatus struct {
+	File   string `json:"file"`
+	Doc    int    `json:"document"`
+	Config string `json:"config,omitempty"`
+	Status string `json:"status"` // "applied", "rejected", "rejected (last good kept)"
+	Error  string `json:"error,omitempty"`
+}
+
+// Handler receives the keys of configs that were added, changed or removed.
+type Handler func(changed map[config.Key]struct{})
+
+// Source reads and watches a config directory.
+type Source struct {
+	dir     string
+	log     *slog.Logger
+	metrics *metrics.Metrics
+
+	mu       sync.RWMutex
+	current  map[config.Key]*config.Config
+	status   []DocStatus
+	lastErrs map[string]bool // rejection messages already logged, so a rescan does not repeat them
+	handlers []Handler
+}
+
+// New returns a source for dir; call Sync (or Run) to read it.
+func New(dir string, log *slog.Logger, m *metrics.Metrics) *Source {
+	return &Source{dir: dir, log: log.With("scope", "filedir"), metrics: m, current: map[config.Key]*config.Config{}, lastErrs: map[string]bool{}}
+}
+
+// AddHandler registers h for later changes. Register before Run.
+func (s *Source) AddHandler(h Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.handlers = append(s.handlers, h)
+}
+
+// List returns the configs in force, sorted.
+func (s *Source) List() []*config.Config {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*config.Config, 0, len(s.current))
+	for _, c := range s.current {
+		out = append(out, c)
+	}
+	config.SortConfigs(out)
+	return out
+}
+
+// Status returns the per-document status of the latest read.
+func (s *Source) Status() []DocStatus {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return append([]DocStatus(nil), s.status...)
+}
+
+func isConfigFile(name string) bool {
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".yaml", ".yml", ".json":
+		return !strings.HasPrefix(filepath.Base(name), ".")
+	}
+	return false
+}
+
+// Sync reads the whole directory, applies what is valid and notifies handlers of changes.
+// It returns an error only when the directory itself cannot be read.
+func (s *Source) Sync() error {
+	var files []string
+	err := filepath.WalkDir(s.dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && p != s.dir && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir // e.g. Kubernetes ConfigMap ..data symlink farms
+		}
+		if !d.IsDir() && isConfigFile(p) {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reading config directory %s: %w", s.dir, err)
+	}
+	sort.Strings(files)
+
+	s.mu.Lock()
+	old := s.current
+	bySource := make(map[string]*config.Config, len(old))
+	for _, c := range old {
+		bySource[c.Source] = c
+	}
+	next := make(map[config.Key]*config.Config, len(old))
+	var status []DocStatus
+	errs := map[string]bool{}
+	reject := func(st DocStatus, kind string, msg string, kept *config.Config) {
+		st.Error = msg
+		st.Status = "rejected"
+		if kept != nil {
+			st.Status = "rejected (last good kept)"
+			if _, dup := next[kept.Key()]; !dup {
+				next[kept.Key()] = kept
+			}
+		}
+		status = append(status, st)
+		errs[msg] = true
+		if !s.lastErrs[msg] {
+			s.log.Error("config rejected", "file", st.File, "document", st.Doc, "error", msg, "lastGoodKept", kept != nil)
+			s.metrics.ConfigRejects.WithLabelValues(kind).Inc()
+		}
+	}
+	for _, file := range files {
+		rel, _ := filepath.Rel(s.dir, file)
+		data, err := os.ReadFile(file)
+		if err != nil {
+			// Unreadable now (e.g. mid-rename): keep everything the file provided before.
+			for src, c := range bySource {
+				if strings.HasPrefix(src, rel+"#") {
+					next[c.Key()] = c
+				}
+			}
+			reject(DocStatus{File: rel}, "", fmt.Sprintf("%s: %v", rel, err), nil)
+			continue
+		}
+		for _, d := range config.ParseFile(rel, data) {
+			st := DocStatus{File: rel, Doc: d.Index}
+			if d.Key != nil {
+				st.Config = d.Key.String()
+			}
+			if d.Err != nil {
+				var kept *config.Config
+				kind := ""
+				if d.Key != nil {
+					kind = string(d.Key.Kind)
+					if c := old[*d.Key]; c != nil && strings.HasPrefix(c.Source, rel+"#") {
+						kept = c
+					}
+				} else {
+					kept = bySource[fmt.Sprintf("%s#%d", rel, d.Index)]
+				}
+				reject(st, kind, d.Err.Error(), kept)
+				continue
+			}
+			c := d.Config
+			if prev, dup := next[c.Key()]; dup {
+				reject(st, string(c.Kind), fmt.Sprintf("%s: document %d (%s): already defined in %s", rel, d.Index, c.Key(), prev.Source), nil)
+				continue
+			}
+			if o := old[c.Key()]; o != nil && o.Equal(c) {
+				c = o // keep the old pointer: unchanged configs compare cheaply downstream
+			}
+			next[c.Key()] = c
+			st.Status = "applied"
+			status = append(status, st)
+		}
+	}
+	changed := map[config.Key]struct{}{}
+	for k, c := range next {
+		if o, ok := old[k]; !ok || (o != c && !o.Equal(c)) {
+			changed[k] = struct{}{}
+			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), eventName(ok)).Inc()
+		}
+	}
+	for k := range old {
+		if _, ok := next[k]; !ok {
+			changed[k] = struct{}{}
+			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), "delete").Inc()
+		}
+	}
+	s.current, s.status, s.lastErrs = next, status, errs
+	handlers := append([]Handler(nil), s.handlers...)
+	s.mu.Unlock()
+	if len(changed) > 0 {
+		s.log.Info("config changed", "configs", len(changed))
+		for _, h := range handlers {
+			h(changed)
+		}
+	}
+	return nil
+}
+
+func eventName(existed bool) string {
+	if existed {
+		return "update"
+	}
+	return "add"
+}
+
+// Run watches the directory until ctx ends, resyncing on every change. The caller should
+// Sync once before Run so the first push sees the initial configs.
+func (s *Source) Run(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching %s: %w", s.dir, err)
+	}
+	defer w.Close()
+	if err := addTree(w, s.dir); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			if ev.Has(fsnotify.Create) {
+				if fi, err := os.Stat(ev.Name); err == nil && fi.IsDir() {
+					_ = addTree(w, ev.Name)
+				}
+			}
+			// Coalesce a burst of events (an editor's write+rename+chmod) into one read.
+			drain(w.Events)
+			if err := s.Sync(); err != nil {
+				s.log.Error("config directory unreadable; keeping the last good configs", "error", err)
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+			s.log.Error("watch error", "error", err)
+		}
+	}
+}
+
+func drain(ch <-chan fsnotify.Event) {
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+func addTree(w *fsnotify.Watcher, dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if err := w.Add(p); err != nil {
+				return fmt.Errorf("watching %s: %w", p, err)
+			}
+		}
+		return nil
+	})
+}

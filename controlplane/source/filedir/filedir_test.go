@@ -1,0 +1,122 @@
+package filedir
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	networking "istio.io/api/networking/v1alpha3"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+)
+
+func se(name string, port int) string {
+	return "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: " + name + "}\n" +
+		"spec: {hosts: [" + name + ".example.com], ports: [{number: " + strconv.Itoa(port) + ", name: http}]}\n"
+}
+
+func write(t *testing.T, path, data string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, []byte(data), 0o644))
+}
+
+func portOf(t *testing.T, s *Source, name string) uint32 {
+	for _, c := range s.List() {
+		if c.Name == name {
+			return c.Spec.(*networking.ServiceEntry).GetPorts()[0].GetNumber()
+		}
+	}
+	t.Fatalf("config %s not in force", name)
+	return 0
+}
+
+func TestBadDocumentKeepsLastGoodAndOthersApply(t *testing.T) {
+	dir := t.TempDir()
+	m := metrics.New(prometheus.NewRegistry())
+	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
+	var changes []map[config.Key]struct{}
+	s.AddHandler(func(c map[config.Key]struct{}) { changes = append(changes, c) })
+
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 8080)+"---\n"+se("b", 8081))
+	require.NoError(t, s.Sync())
+	require.Len(t, s.List(), 2)
+	require.Len(t, changes, 1)
+
+	// b breaks (port out of range), a changes: a applies, b keeps its last good version.
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 9090)+"---\n"+se("b", 99999))
+	require.NoError(t, s.Sync())
+	assert.Equal(t, uint32(9090), portOf(t, s, "a"))
+	assert.Equal(t, uint32(8081), portOf(t, s, "b"))
+	require.Len(t, changes, 2)
+	assert.Equal(t, map[config.Key]struct{}{{Kind: config.ServiceEntry, Namespace: "default", Name: "a"}: {}}, changes[1])
+	st := s.Status()
+	require.Len(t, st, 2)
+	assert.Equal(t, "rejected (last good kept)", st[1].Status)
+	assert.Contains(t, st[1].Error, "a.yaml: document 2")
+	assert.Contains(t, st[1].Error, "spec.ports[0].number")
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.ConfigRejects.WithLabelValues("ServiceEntry")))
+
+	// The same error on a rescan is not counted again.
+	require.NoError(t, s.Sync())
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.ConfigRejects.WithLabelValues("ServiceEntry")))
+
+	// Broken YAML that cannot even be named keeps what that document position held.
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 9090)+"---\nkind: [broken\n")
+	require.NoError(t, s.Sync())
+	assert.Equal(t, uint32(8081), portOf(t, s, "b"))
+
+	// Deleting the file removes its configs.
+	require.NoError(t, os.Remove(filepath.Join(dir, "a.yaml")))
+	require.NoError(t, s.Sync())
+	assert.Empty(t, s.List())
+}
+
+func TestDuplicateKeyAcrossFilesRejected(t *testing.T) {
+	dir := t.TempDir()
+	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	write(t, filepath.Join(dir, "1.yaml"), se("a", 8080))
+	write(t, filepath.Join(dir, "2.yaml"), se("a", 8081))
+	require.NoError(t, s.Sync())
+	assert.Equal(t, uint32(8080), portOf(t, s, "a"))
+	assert.Contains(t, s.Status()[1].Error, "already defined in 1.yaml#1")
+}
+
+func TestRunWatchesDirectory(t *testing.T) {
+	dir := t.TempDir()
+	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	var mu sync.Mutex
+	seen := map[config.Key]bool{}
+	s.AddHandler(func(c map[config.Key]struct{}) {
+		mu.Lock()
+		defer mu.Unlock()
+		for k := range c {
+			seen[k] = true
+		}
+	})
+	require.NoError(t, s.Sync())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	key := config.Key{Kind: config.ServiceEntry, Namespace: "default", Name: "late"}
+	// The watch is registered asynchronously; rewriting the file until it is seen avoids a race
+	// between Run's start and the first write.
+	require.Eventually(t, func() bool {
+		write(t, filepath.Join(dir, "late.yaml"), se("late", 8080))
+		mu.Lock()
+		defer mu.Unlock()
+		return seen[key]
+	}, 10*time.Second, 50*time.Millisecond)
+}
