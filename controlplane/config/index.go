@@ -1,12 +1,12 @@
 package config
 
 import (
+	"google.golang.org/protobuf/proto"
 	extensions "istio.io/api/extensions/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 	networkingbeta "istio.io/api/networking/v1beta1"
 	security "istio.io/api/security/v1beta1"
 	telemetry "istio.io/api/telemetry/v1alpha1"
-	"google.golang.org/protobuf/proto"
 )
 
 // Index is an immutable view of a set of configs, indexed for the generators: by kind, by

@@ -7,9 +7,9 @@ import (
 	"regexp"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
 	extensions "istio.io/api/extensions/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
-	"google.golang.org/protobuf/proto"
 )
 
 // FieldError is a validation failure at a field path below spec (e.g. "ports[0].number").
