@@ -8,11 +8,11 @@ import (
 	"strings"
 	"time"
 
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
 )
 
