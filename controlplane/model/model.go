@@ -1,0 +1,220 @@
+// Package model is the control plane's service model: services, ports and endpoints as the
+// registries produce them, and proxies as they identify themselves over xDS. Values are
+// immutable once published; a change produces new values.
+package model
+
+import (
+	"sort"
+	"strings"
+)
+
+// Protocol is a port's application protocol, upper case as Istio spells it.
+type Protocol string
+
+// Protocols the generators distinguish.
+const (
+	HTTP    Protocol = "HTTP"
+	HTTP2   Protocol = "HTTP2"
+	GRPC    Protocol = "GRPC"
+	GRPCWeb Protocol = "GRPC-WEB"
+	HTTPS   Protocol = "HTTPS"
+	TLS     Protocol = "TLS"
+	TCP     Protocol = "TCP"
+	UDP     Protocol = "UDP"
+	Mongo   Protocol = "MONGO"
+	Redis   Protocol = "REDIS"
+	MySQL   Protocol = "MYSQL"
+)
+
+// ParseProtocol takes the protocol from the port's protocol field, else from its name's
+// prefix ("http-web", "grpc"), Istio's explicit protocol selection; unknown means TCP.
+func ParseProtocol(protocol, name string) Protocol {
+	if protocol != "" {
+		return Protocol(strings.ToUpper(protocol))
+	}
+	prefix, _, _ := strings.Cut(strings.ToLower(name), "-")
+	switch prefix {
+	case "http":
+		return HTTP
+	case "http2":
+		return HTTP2
+	case "grpc":
+		return GRPC
+	case "grpc-web":
+		return GRPCWeb
+	case "https":
+		return HTTPS
+	case "tls":
+		return TLS
+	case "mongo":
+		return Mongo
+	case "redis":
+		return Redis
+	case "mysql":
+		return MySQL
+	case "udp":
+		return UDP
+	}
+	return TCP
+}
+
+// IsHTTP reports whether the protocol is served by an HTTP connection manager.
+func (p Protocol) IsHTTP() bool {
+	switch p {
+	case HTTP, HTTP2, GRPC, GRPCWeb:
+		return true
+	}
+	return false
+}
+
+// IsHTTP2 reports whether upstream connections must speak HTTP/2.
+func (p Protocol) IsHTTP2() bool { return p == HTTP2 || p == GRPC }
+
+// Resolution is how a proxy finds a service's endpoints.
+type Resolution int
+
+// Resolutions map onto Envoy cluster discovery types: EDS, STRICT_DNS, LOGICAL_DNS and
+// ORIGINAL_DST.
+const (
+	ClientSideLB  Resolution = iota // STATIC: endpoints from EDS
+	DNSLB                           // DNS: STRICT_DNS
+	DNSRoundRobin                   // DNS_ROUND_ROBIN: LOGICAL_DNS
+	Passthrough                     // NONE: ORIGINAL_DST
+)
+
+func (r Resolution) String() string {
+	return [...]string{"STATIC", "DNS", "DNS_ROUND_ROBIN", "NONE"}[r]
+}
+
+// Port is one port of a service.
+type Port struct {
+	Name       string
+	Port       uint32
+	TargetPort uint32 // 0: same as Port
+	Protocol   Protocol
+}
+
+// Service is one host with its ports, from a ServiceEntry (one per host) or another registry.
+type Service struct {
+	Hostname     string
+	Namespace    string
+	Name         string // the ServiceEntry's name
+	Addresses    []string
+	Ports        []Port // sorted by port number
+	Resolution   Resolution
+	MeshExternal bool
+	ExportTo     []string
+	Labels       map[string]string
+	// Source names the config or registry that defined the service, for debug output.
+	Source string
+}
+
+// Port returns the service port with number n.
+func (s *Service) Port(n uint32) (Port, bool) {
+	for _, p := range s.Ports {
+		if p.Port == n {
+			return p, true
+		}
+	}
+	return Port{}, false
+}
+
+// Health of an endpoint, Envoy's core.HealthStatus subset.
+type Health int
+
+// Health values.
+const (
+	Healthy Health = iota
+	Unhealthy
+	Draining
+)
+
+func (h Health) String() string { return [...]string{"HEALTHY", "UNHEALTHY", "DRAINING"}[h] }
+
+// Endpoint is one instance of a service port: the address and port traffic is sent to.
+type Endpoint struct {
+	Address        string
+	Port           uint32 // the endpoint's port (target port)
+	ServicePort    uint32 // the service port this endpoint serves
+	Labels         map[string]string
+	Locality       string // region/zone/subzone
+	Network        string
+	ServiceAccount string
+	Weight         uint32
+	Health         Health
+	// Workload names what the endpoint belongs to ("WorkloadEntry ns/name", "proxy ns/name").
+	Workload  string
+	Namespace string
+}
+
+// SortEndpoints orders endpoints by service port, address and port, so output is stable.
+func SortEndpoints(eps []*Endpoint) {
+	sort.Slice(eps, func(i, j int) bool {
+		a, b := eps[i], eps[j]
+		if a.ServicePort != b.ServicePort {
+			return a.ServicePort < b.ServicePort
+		}
+		if a.Address != b.Address {
+			return a.Address < b.Address
+		}
+		return a.Port < b.Port
+	})
+}
+
+// EndpointsEqual compares two endpoint lists element by element.
+func EndpointsEqual(a, b []*Endpoint) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.Address != y.Address || x.Port != y.Port || x.ServicePort != y.ServicePort || x.Locality != y.Locality ||
+			x.Network != y.Network || x.ServiceAccount != y.ServiceAccount || x.Weight != y.Weight ||
+			x.Health != y.Health || x.Workload != y.Workload || !labelsEqual(x.Labels, y.Labels) {
+			return false
+		}
+	}
+	return true
+}
+
+// ServiceEqual compares the parts of two services that shape generated config.
+func ServiceEqual(a, b *Service) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if a.Hostname != b.Hostname || a.Namespace != b.Namespace || a.Name != b.Name || a.Resolution != b.Resolution ||
+		a.MeshExternal != b.MeshExternal || len(a.Ports) != len(b.Ports) || !stringsEqual(a.Addresses, b.Addresses) ||
+		!stringsEqual(a.ExportTo, b.ExportTo) || !labelsEqual(a.Labels, b.Labels) {
+		return false
+	}
+	for i := range a.Ports {
+		if a.Ports[i] != b.Ports[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func stringsEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func labelsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}

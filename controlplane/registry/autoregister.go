@@ -1,0 +1,98 @@
+package registry
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/model"
+)
+
+// DefaultGracePeriod is how long a disconnected proxy stays registered, Istio's
+// PILOT_WORKLOAD_ENTRY_GRACE_PERIOD default.
+const DefaultGracePeriod = 10 * time.Second
+
+// AutoRegistration registers proxies that connect with workload metadata as endpoints of the
+// ServiceEntries that select them, and removes them a grace period after their last
+// connection closes; a reconnect within the grace period keeps the registration.
+type AutoRegistration struct {
+	reg     *ServiceEntries
+	grace   time.Duration
+	log     *slog.Logger
+	metrics *metrics.Metrics
+
+	mu     sync.Mutex
+	conns  map[string]int         // open connections per workload key
+	timers map[string]*time.Timer // pending removals
+	closed bool
+}
+
+// NewAutoRegistration registers into reg.
+func NewAutoRegistration(reg *ServiceEntries, grace time.Duration, log *slog.Logger, m *metrics.Metrics) *AutoRegistration {
+	return &AutoRegistration{reg: reg, grace: grace, log: log.With("scope", "autoregistration"), metrics: m,
+		conns: map[string]int{}, timers: map[string]*time.Timer{}}
+}
+
+// Connect registers (or refreshes) a workload for a new connection.
+func (a *AutoRegistration) Connect(w *model.Workload) {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	key := w.Key()
+	a.conns[key]++
+	if t := a.timers[key]; t != nil {
+		t.Stop()
+		delete(a.timers, key)
+	}
+	a.mu.Unlock()
+	a.log.Debug("workload registered", "workload", key, "ip", w.IPs)
+	a.metrics.AutoRegistrations.Inc()
+	a.reg.SetWorkload(w)
+}
+
+// Disconnect records a closed connection; after the grace period with no connection the
+// workload is removed.
+func (a *AutoRegistration) Disconnect(w *model.Workload) {
+	key := w.Key()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.conns[key] == 0 {
+		return
+	}
+	a.conns[key]--
+	if a.conns[key] > 0 {
+		return
+	}
+	delete(a.conns, key)
+	var t *time.Timer
+	t = time.AfterFunc(a.grace, func() { a.expire(w, t) })
+	a.timers[key] = t
+}
+
+func (a *AutoRegistration) expire(w *model.Workload, t *time.Timer) {
+	key := w.Key()
+	a.mu.Lock()
+	if a.closed || a.timers[key] != t || a.conns[key] > 0 {
+		a.mu.Unlock()
+		return
+	}
+	delete(a.timers, key)
+	a.mu.Unlock()
+	a.log.Info("workload unregistered after grace period", "workload", key)
+	a.metrics.AutoUnregistrations.Inc()
+	a.reg.DeleteWorkload(w.Namespace, w.Name)
+}
+
+// Close stops pending removals (the registry is being shut down).
+func (a *AutoRegistration) Close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closed = true
+	for _, t := range a.timers {
+		t.Stop()
+	}
+	a.timers = map[string]*time.Timer{}
+}

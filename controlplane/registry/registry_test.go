@@ -1,0 +1,162 @@
+package registry
+
+import (
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/model"
+)
+
+func parse(t *testing.T, y string) []*config.Config {
+	t.Helper()
+	var out []*config.Config
+	for _, d := range config.ParseFile("test.yaml", []byte(y)) {
+		require.Nil(t, d.Err)
+		out = append(out, d.Config)
+	}
+	return out
+}
+
+const entries = `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 9080, name: http, targetPort: 8080}, {number: 9090, name: grpc-api}]
+  workloadSelector: {labels: {app: reviews}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: vm, namespace: shop}
+spec: {address: 10.0.0.9, labels: {app: reviews}, ports: {grpc-api: 7000}, locality: eu/west}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ext, namespace: shop}
+spec:
+  hosts: [api.example.com]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{number: 443, name: tls, protocol: TLS}]
+`
+
+type recorder struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (r *recorder) handle(e Event) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }
+func (r *recorder) all() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Event(nil), r.events...)
+}
+
+func newRegistry(t *testing.T) (*ServiceEntries, *recorder, *metrics.Metrics) {
+	m := metrics.New(prometheus.NewRegistry())
+	r := NewServiceEntries(slog.New(slog.NewTextHandler(io.Discard, nil)), m)
+	rec := &recorder{}
+	r.AddHandler(rec.handle)
+	return r, rec, m
+}
+
+func addrs(eps []*model.Endpoint) (out []string) {
+	for _, e := range eps {
+		out = append(out, e.Address+":"+itoa(e.Port)+"@"+itoa(e.ServicePort))
+	}
+	return
+}
+
+func itoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
+
+func TestServiceEntryServicesAndEndpoints(t *testing.T) {
+	r, rec, _ := newRegistry(t)
+	r.SetConfigs(parse(t, entries))
+	svcs := r.Services()
+	require.Len(t, svcs, 2)
+	assert.Equal(t, "api.example.com", svcs[0].Hostname)
+	assert.Equal(t, model.DNSLB, svcs[0].Resolution)
+	assert.True(t, svcs[0].MeshExternal)
+	assert.Equal(t, model.GRPC, svcs[1].Ports[1].Protocol)
+	// WorkloadEntry ports by name override; otherwise targetPort, else the port number.
+	assert.Equal(t, []string{"10.0.0.9:8080@9080", "10.0.0.9:7000@9090"}, addrs(r.Endpoints("reviews.shop.svc.cluster.local")))
+	assert.Equal(t, "eu/west", r.Endpoints("reviews.shop.svc.cluster.local")[0].Locality)
+	// A DNS entry without endpoints resolves its own host.
+	assert.Equal(t, []string{"api.example.com:443@443"}, addrs(r.Endpoints("api.example.com")))
+	require.Len(t, rec.all(), 1)
+	assert.True(t, rec.all()[0].Full)
+
+	// Setting the same configs again changes nothing.
+	r.SetConfigs(parse(t, entries))
+	assert.Len(t, rec.all(), 1)
+}
+
+func TestAutoRegistrationIsEndpointsOnlyAndHonoursGracePeriod(t *testing.T) {
+	r, rec, m := newRegistry(t)
+	r.SetConfigs(parse(t, entries))
+	a := NewAutoRegistration(r, time.Hour, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
+	defer a.Close()
+	w := &model.Workload{Name: "reviews-1", Namespace: "shop", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.1"}, Ports: map[string]uint32{"http": 8081}}
+	a.Connect(w)
+	evs := rec.all()
+	require.Len(t, evs, 2)
+	assert.False(t, evs[1].Full)
+	assert.Equal(t, map[string]struct{}{"reviews.shop.svc.cluster.local": {}}, evs[1].Hosts)
+	assert.Equal(t, []string{"10.0.0.9:8080@9080", "127.10.0.1:8081@9080", "10.0.0.9:7000@9090", "127.10.0.1:9090@9090"},
+		addrs(r.Endpoints("reviews.shop.svc.cluster.local")))
+
+	// A workload in another namespace or with other labels is not selected.
+	a.Connect(&model.Workload{Name: "x", Namespace: "other", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.2"}})
+	a.Connect(&model.Workload{Name: "y", Namespace: "shop", Labels: map[string]string{"app": "ratings"}, IPs: []string{"127.10.0.3"}})
+	assert.Len(t, rec.all(), 2)
+
+	// Disconnect and reconnect within the grace period: still registered, removal cancelled.
+	a.Disconnect(w)
+	a.Connect(w)
+	a.mu.Lock()
+	assert.Empty(t, a.timers)
+	a.mu.Unlock()
+	assert.Len(t, r.Endpoints("reviews.shop.svc.cluster.local"), 4)
+
+	// With a short grace period the workload goes away after it.
+	a.grace = 10 * time.Millisecond
+	a.Disconnect(w)
+	require.Eventually(t, func() bool { return len(r.Endpoints("reviews.shop.svc.cluster.local")) == 2 }, 5*time.Second, 5*time.Millisecond)
+	evs = rec.all()
+	assert.False(t, evs[len(evs)-1].Full)
+}
+
+func TestAggregateFirstRegistryWins(t *testing.T) {
+	a, _, _ := newRegistry(t)
+	b, _, _ := newRegistry(t)
+	a.SetConfigs(parse(t, entries))
+	b.SetConfigs(parse(t, `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: other, namespace: x}
+spec:
+  hosts: [api.example.com, db.example.com]
+  resolution: STATIC
+  ports: [{number: 5432, name: tcp}]
+  endpoints: [{address: 10.1.1.1}]
+`))
+	agg := NewAggregate(a, b)
+	var hosts []string
+	for _, s := range agg.Services() {
+		hosts = append(hosts, s.Hostname+"/"+s.Namespace)
+	}
+	assert.Equal(t, []string{"api.example.com/shop", "db.example.com/x", "reviews.shop.svc.cluster.local/shop"}, hosts)
+	assert.Equal(t, []string{"10.1.1.1:5432@5432"}, addrs(agg.Endpoints("db.example.com")))
+}

@@ -1,0 +1,353 @@
+package registry
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+
+	networking "istio.io/api/networking/v1alpha3"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/model"
+)
+
+// ServiceEntries is the registry built from ServiceEntry and WorkloadEntry configs plus
+// auto-registered workloads. A ServiceEntry's hosts are visible mesh-wide.
+type ServiceEntries struct {
+	log     *slog.Logger
+	metrics *metrics.Metrics
+
+	mu        sync.RWMutex
+	entries   []*seEntry                            // sorted by namespace/name
+	wes       map[string][]*config.Config           // WorkloadEntries by namespace
+	workloads map[string]map[string]*model.Workload // auto-registered, by namespace and key
+	services  map[string]*model.Service             // by host
+	owner     map[string]*seEntry                   // which entry owns a host
+	endpoints map[string][]*model.Endpoint          // by host
+	handlers  []Handler
+}
+
+type seEntry struct {
+	cfg      *config.Config
+	spec     *networking.ServiceEntry
+	services []*model.Service
+}
+
+// NewServiceEntries returns an empty registry.
+func NewServiceEntries(log *slog.Logger, m *metrics.Metrics) *ServiceEntries {
+	return &ServiceEntries{
+		log: log.With("scope", "serviceentry"), metrics: m,
+		wes: map[string][]*config.Config{}, workloads: map[string]map[string]*model.Workload{},
+		services: map[string]*model.Service{}, owner: map[string]*seEntry{}, endpoints: map[string][]*model.Endpoint{},
+	}
+}
+
+// Name implements Registry.
+func (r *ServiceEntries) Name() string { return "ServiceEntry" }
+
+// AddHandler implements Registry.
+func (r *ServiceEntries) AddHandler(h Handler) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.handlers = append(r.handlers, h)
+}
+
+// Services implements Registry.
+func (r *ServiceEntries) Services() []*model.Service {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*model.Service, 0, len(r.services))
+	for _, s := range r.services {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Hostname < out[j].Hostname })
+	return out
+}
+
+// Endpoints implements Registry.
+func (r *ServiceEntries) Endpoints(host string) []*model.Endpoint {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.endpoints[host]
+}
+
+// Workloads lists the auto-registered workloads, for debug output.
+func (r *ServiceEntries) Workloads() []*model.Workload {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []*model.Workload
+	for _, ws := range r.workloads {
+		for _, w := range ws {
+			out = append(out, w)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	return out
+}
+
+// SetConfigs replaces the ServiceEntries and WorkloadEntries (other kinds are ignored) and
+// notifies handlers of what changed.
+func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
+	var entries []*seEntry
+	wes := map[string][]*config.Config{}
+	for _, c := range cs {
+		switch c.Kind {
+		case config.ServiceEntry:
+			entries = append(entries, &seEntry{cfg: c, spec: c.Spec.(*networking.ServiceEntry)})
+		case config.WorkloadEntry:
+			wes[c.Namespace] = append(wes[c.Namespace], c)
+		}
+	}
+	sort.Slice(entries, func(i, j int) bool { return config.KeyLess(entries[i].cfg.Key(), entries[j].cfg.Key()) })
+	for _, list := range wes {
+		config.SortConfigs(list)
+	}
+
+	r.mu.Lock()
+	services := map[string]*model.Service{}
+	owner := map[string]*seEntry{}
+	for _, e := range entries {
+		for _, s := range servicesOf(e.cfg, e.spec) {
+			if prev, dup := owner[s.Hostname]; dup {
+				r.log.Warn("host defined by two ServiceEntries; the first wins", "host", s.Hostname, "winner", prev.cfg.Key().String(), "ignored", e.cfg.Key().String())
+				r.metrics.DuplicateServiceHost.Inc()
+				continue
+			}
+			if old := r.services[s.Hostname]; model.ServiceEqual(old, s) {
+				s = old
+			}
+			services[s.Hostname] = s
+			owner[s.Hostname] = e
+			e.services = append(e.services, s)
+		}
+	}
+	r.entries, r.wes = entries, wes
+	ev := Event{Hosts: map[string]struct{}{}}
+	for h, s := range services {
+		if r.services[h] != s {
+			ev.Full = true
+			ev.Hosts[h] = struct{}{}
+		}
+	}
+	for h := range r.services {
+		if _, ok := services[h]; !ok {
+			ev.Full = true
+			ev.Hosts[h] = struct{}{}
+		}
+	}
+	r.services, r.owner = services, owner
+	endpoints := map[string][]*model.Endpoint{}
+	for _, e := range entries {
+		r.computeEndpoints(e, endpoints)
+	}
+	r.replaceEndpoints(endpoints, nil, ev.Hosts)
+	r.metrics.Services.Set(float64(len(services)))
+	handlers := r.handlers
+	r.mu.Unlock()
+	notify(handlers, ev)
+}
+
+// replaceEndpoints installs computed endpoints for the hosts in scope (every host when scope
+// is nil), recording in changed the hosts whose endpoints differ.
+func (r *ServiceEntries) replaceEndpoints(computed map[string][]*model.Endpoint, scope map[string]bool, changed map[string]struct{}) {
+	if scope == nil {
+		for h, old := range r.endpoints {
+			if _, ok := computed[h]; !ok && len(old) > 0 {
+				changed[h] = struct{}{}
+			}
+		}
+		for h, eps := range computed {
+			if !model.EndpointsEqual(r.endpoints[h], eps) {
+				changed[h] = struct{}{}
+			} else {
+				computed[h] = r.endpoints[h]
+			}
+		}
+		r.endpoints = computed
+		return
+	}
+	next := make(map[string][]*model.Endpoint, len(r.endpoints))
+	for h, eps := range r.endpoints {
+		next[h] = eps
+	}
+	for h := range scope {
+		if !model.EndpointsEqual(r.endpoints[h], computed[h]) {
+			changed[h] = struct{}{}
+			if len(computed[h]) == 0 {
+				delete(next, h)
+			} else {
+				next[h] = computed[h]
+			}
+		}
+	}
+	// The map is replaced, never mutated, so readers holding the old one are unaffected.
+	r.endpoints = next
+}
+
+func notify(handlers []Handler, ev Event) {
+	if len(ev.Hosts) == 0 {
+		return
+	}
+	for _, h := range handlers {
+		h(ev)
+	}
+}
+
+// SetWorkload adds or updates an auto-registered workload; its endpoints change (an
+// endpoints-only event) for every ServiceEntry in its namespace that selects it.
+func (r *ServiceEntries) SetWorkload(w *model.Workload) {
+	r.mu.Lock()
+	ns := r.workloads[w.Namespace]
+	if ns == nil {
+		ns = map[string]*model.Workload{}
+		r.workloads[w.Namespace] = ns
+	}
+	old := ns[w.Key()]
+	if old != nil && old.Equal(w) {
+		r.mu.Unlock()
+		return
+	}
+	ns[w.Key()] = w
+	ev := r.workloadChanged(w.Namespace, old, w)
+	handlers := r.handlers
+	r.mu.Unlock()
+	notify(handlers, ev)
+}
+
+// DeleteWorkload removes an auto-registered workload.
+func (r *ServiceEntries) DeleteWorkload(namespace, name string) {
+	key := namespace + "/" + name
+	r.mu.Lock()
+	old := r.workloads[namespace][key]
+	if old == nil {
+		r.mu.Unlock()
+		return
+	}
+	delete(r.workloads[namespace], key)
+	ev := r.workloadChanged(namespace, old, nil)
+	handlers := r.handlers
+	r.mu.Unlock()
+	notify(handlers, ev)
+}
+
+// workloadChanged recomputes the endpoints of the entries in ns whose selector matches the
+// old or new version of a workload.
+func (r *ServiceEntries) workloadChanged(ns string, old, cur *model.Workload) Event {
+	ev := Event{Hosts: map[string]struct{}{}}
+	computed := map[string][]*model.Endpoint{}
+	scope := map[string]bool{}
+	for _, e := range r.entries {
+		sel := e.spec.GetWorkloadSelector()
+		if e.cfg.Namespace != ns || sel == nil {
+			continue
+		}
+		if !(old != nil && config.SelectorMatches(sel.GetLabels(), old.Labels)) &&
+			!(cur != nil && config.SelectorMatches(sel.GetLabels(), cur.Labels)) {
+			continue
+		}
+		for _, s := range e.services {
+			scope[s.Hostname] = true
+		}
+		r.computeEndpoints(e, computed)
+	}
+	r.replaceEndpoints(computed, scope, ev.Hosts)
+	return ev
+}
+
+// servicesOf turns a ServiceEntry into one service per host.
+func servicesOf(c *config.Config, se *networking.ServiceEntry) []*model.Service {
+	ports := make([]model.Port, 0, len(se.GetPorts()))
+	for _, p := range se.GetPorts() {
+		ports = append(ports, model.Port{Name: p.GetName(), Port: p.GetNumber(), TargetPort: p.GetTargetPort(), Protocol: model.ParseProtocol(p.GetProtocol(), p.GetName())})
+	}
+	sort.Slice(ports, func(i, j int) bool { return ports[i].Port < ports[j].Port })
+	res := model.ClientSideLB
+	switch se.GetResolution() {
+	case networking.ServiceEntry_DNS:
+		res = model.DNSLB
+	case networking.ServiceEntry_DNS_ROUND_ROBIN:
+		res = model.DNSRoundRobin
+	case networking.ServiceEntry_NONE:
+		res = model.Passthrough
+	}
+	out := make([]*model.Service, 0, len(se.GetHosts()))
+	for _, h := range se.GetHosts() {
+		out = append(out, &model.Service{
+			Hostname: h, Namespace: c.Namespace, Name: c.Name, Addresses: se.GetAddresses(), Ports: ports,
+			Resolution: res, MeshExternal: se.GetLocation() == networking.ServiceEntry_MESH_EXTERNAL,
+			ExportTo: se.GetExportTo(), Labels: c.Labels, Source: c.Key().String(),
+		})
+	}
+	return out
+}
+
+// endpointPort picks the port an endpoint serves a service port on: the workload's named
+// port, else the service port's targetPort, else the service port number.
+func endpointPort(p model.Port, named map[string]uint32) uint32 {
+	if n := named[p.Name]; n != 0 {
+		return n
+	}
+	if p.TargetPort != 0 {
+		return p.TargetPort
+	}
+	return p.Port
+}
+
+// computeEndpoints fills out[host] for every host of e (caller holds r.mu).
+func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.Endpoint) {
+	if len(e.services) == 0 {
+		return
+	}
+	ports := e.services[0].Ports
+	var eps []*model.Endpoint
+	add := func(addr string, named map[string]uint32, labels map[string]string, locality, network, sa string, weight uint32, workload string) {
+		for _, p := range ports {
+			eps = append(eps, &model.Endpoint{
+				Address: addr, Port: endpointPort(p, named), ServicePort: p.Port, Labels: labels, Locality: locality,
+				Network: network, ServiceAccount: sa, Weight: weight, Health: model.Healthy, Workload: workload, Namespace: e.cfg.Namespace,
+			})
+		}
+	}
+	switch {
+	case len(e.spec.GetEndpoints()) > 0:
+		for i, we := range e.spec.GetEndpoints() {
+			add(we.GetAddress(), we.GetPorts(), we.GetLabels(), we.GetLocality(), we.GetNetwork(), we.GetServiceAccount(), we.GetWeight(),
+				fmt.Sprintf("ServiceEntry %s/%s endpoints[%d]", e.cfg.Namespace, e.cfg.Name, i))
+		}
+	case e.spec.GetWorkloadSelector() != nil:
+		sel := e.spec.GetWorkloadSelector().GetLabels()
+		for _, c := range r.wes[e.cfg.Namespace] {
+			we := c.Spec.(*networking.WorkloadEntry)
+			if config.SelectorMatches(sel, we.GetLabels()) {
+				add(we.GetAddress(), we.GetPorts(), we.GetLabels(), we.GetLocality(), we.GetNetwork(), we.GetServiceAccount(), we.GetWeight(),
+					"WorkloadEntry "+c.Namespace+"/"+c.Name)
+			}
+		}
+		for _, w := range r.workloads[e.cfg.Namespace] {
+			if config.SelectorMatches(sel, w.Labels) && len(w.IPs) > 0 {
+				add(w.IPs[0], w.Ports, w.Labels, w.Locality, "", w.ServiceAccount, 0, "proxy "+w.Key())
+			}
+		}
+	case e.spec.GetResolution() == networking.ServiceEntry_DNS || e.spec.GetResolution() == networking.ServiceEntry_DNS_ROUND_ROBIN:
+		// Without endpoints a DNS entry resolves its own host (Istio's behaviour); done per host below.
+		for _, s := range e.services {
+			var hostEps []*model.Endpoint
+			for _, p := range ports {
+				hostEps = append(hostEps, &model.Endpoint{Address: s.Hostname, Port: endpointPort(p, nil), ServicePort: p.Port, Health: model.Healthy,
+					Workload: "ServiceEntry " + e.cfg.Namespace + "/" + e.cfg.Name, Namespace: e.cfg.Namespace})
+			}
+			if r.owner[s.Hostname] == e {
+				out[s.Hostname] = hostEps
+			}
+		}
+		return
+	}
+	model.SortEndpoints(eps)
+	for _, s := range e.services {
+		if r.owner[s.Hostname] == e && len(eps) > 0 {
+			out[s.Hostname] = eps
+		}
+	}
+}
