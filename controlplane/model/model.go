@@ -105,6 +105,9 @@ type Service struct {
 	MeshExternal bool
 	ExportTo     []string
 	Labels       map[string]string
+	// WorkloadSelector picks the workloads (in Namespace) that serve the service; a proxy
+	// it selects gets inbound listeners and clusters for the service's ports.
+	WorkloadSelector map[string]string
 	// Source names the config or registry that defined the service, for debug output.
 	Source string
 }
@@ -184,7 +187,8 @@ func ServiceEqual(a, b *Service) bool {
 	}
 	if a.Hostname != b.Hostname || a.Namespace != b.Namespace || a.Name != b.Name || a.Resolution != b.Resolution ||
 		a.MeshExternal != b.MeshExternal || len(a.Ports) != len(b.Ports) || !stringsEqual(a.Addresses, b.Addresses) ||
-		!stringsEqual(a.ExportTo, b.ExportTo) || !labelsEqual(a.Labels, b.Labels) {
+		!stringsEqual(a.ExportTo, b.ExportTo) || !labelsEqual(a.Labels, b.Labels) ||
+		(a.WorkloadSelector == nil) != (b.WorkloadSelector == nil) || !labelsEqual(a.WorkloadSelector, b.WorkloadSelector) {
 		return false
 	}
 	for i := range a.Ports {

@@ -278,6 +278,7 @@ func servicesOf(c *config.Config, se *networking.ServiceEntry) []*model.Service 
 			Hostname: h, Namespace: c.Namespace, Name: c.Name, Addresses: se.GetAddresses(), Ports: ports,
 			Resolution: res, MeshExternal: se.GetLocation() == networking.ServiceEntry_MESH_EXTERNAL,
 			ExportTo: se.GetExportTo(), Labels: c.Labels, Source: c.Key().String(),
+			WorkloadSelector: selectorOf(se),
 		})
 	}
 	return out
@@ -350,4 +351,14 @@ func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.En
 			out[s.Hostname] = eps
 		}
 	}
+}
+
+func selectorOf(se *networking.ServiceEntry) map[string]string {
+	if se.GetWorkloadSelector() == nil {
+		return nil
+	}
+	if l := se.GetWorkloadSelector().GetLabels(); l != nil {
+		return l
+	}
+	return map[string]string{}
 }
