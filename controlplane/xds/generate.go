@@ -1,0 +1,40 @@
+package xds
+
+// Wildcard reports whether a type is subscribed as a whole (CDS, LDS) rather than by name.
+func Wildcard(typeURL string) bool { return typeURL == ClusterType || typeURL == ListenerType }
+
+// Generate returns the resources of typeURL for the proxy: the full set for CDS and LDS,
+// the named resources for EDS, RDS and ECDS.
+func Generate(v *View, typeURL string, names []string) *Resources {
+	switch typeURL {
+	case ClusterType:
+		return Clusters(v)
+	case ListenerType:
+		return Listeners(v)
+	case EndpointType:
+		return newResources(Endpoints(v.Snapshot, names))
+	case RouteType:
+		return newResources(Routes(v, names))
+	case ExtensionType:
+		return newResources(ExtensionConfigs(v, names))
+	}
+	return newResources(nil)
+}
+
+// Dump generates every type with the names a proxy would subscribe to (the EDS clusters of
+// its CDS, the route configurations of its LDS), for config_dump and golden tests.
+func Dump(v *View) map[string]*Resources {
+	out := map[string]*Resources{}
+	cds := Clusters(v)
+	out[ClusterType] = cds
+	var eds []string
+	for _, c := range cds.Items {
+		if EndpointResource(v.Snapshot, c.Name) != nil {
+			eds = append(eds, c.Name)
+		}
+	}
+	out[EndpointType] = Generate(v, EndpointType, eds)
+	out[ListenerType] = Listeners(v)
+	out[RouteType] = Generate(v, RouteType, RouteNames(v))
+	return out
+}

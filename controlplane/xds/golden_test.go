@@ -1,0 +1,128 @@
+package xds_test
+
+import (
+	"encoding/json"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+	"sigs.k8s.io/yaml"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/mesh"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden output files")
+
+// testProxy is one entry of a case's proxies.yaml: a node as the agent would send it.
+type testProxy struct {
+	ID       string         `json:"id"`
+	Metadata map[string]any `json:"metadata"`
+	Dump     bool           `json:"dump"`
+}
+
+// fixture is a case directory loaded into a snapshot.
+type fixture struct {
+	snap    *push.Snapshot
+	proxies []*model.Proxy
+	dump    []bool
+}
+
+func loadCase(t *testing.T, dir string) *fixture {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "input.yaml"))
+	require.NoError(t, err)
+	var cs []*config.Config
+	for _, d := range config.ParseFile("input.yaml", data) {
+		require.Nil(t, d.Err)
+		cs = append(cs, d.Config)
+	}
+	m := mesh.Default()
+	if md, err := os.ReadFile(filepath.Join(dir, "mesh.yaml")); err == nil {
+		m, err = mesh.Parse("mesh.yaml", md)
+		require.NoError(t, err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	mt := metrics.New(prometheus.NewRegistry())
+	reg := registry.NewServiceEntries(log, mt)
+	reg.SetConfigs(cs)
+	f := &fixture{}
+	pd, err := os.ReadFile(filepath.Join(dir, "proxies.yaml"))
+	require.NoError(t, err)
+	var tps []testProxy
+	require.NoError(t, yaml.UnmarshalStrict(pd, &tps))
+	for _, tp := range tps {
+		md, err := structpb.NewStruct(tp.Metadata)
+		require.NoError(t, err)
+		p, err := model.ParseNode(&core.Node{Id: tp.ID, Metadata: md})
+		require.NoError(t, err)
+		if w, ok := p.Workload(); ok {
+			reg.SetWorkload(w)
+		}
+		f.proxies = append(f.proxies, p)
+		f.dump = append(f.dump, tp.Dump)
+	}
+	f.snap = push.Build("test", m, config.NewIndex(cs), registry.NewAggregate(reg))
+	return f
+}
+
+type validator interface{ ValidateAll() error }
+
+func TestGolden(t *testing.T) {
+	cases, err := os.ReadDir("testdata")
+	require.NoError(t, err)
+	for _, c := range cases {
+		if !c.IsDir() {
+			continue
+		}
+		t.Run(c.Name(), func(t *testing.T) {
+			dir := filepath.Join("testdata", c.Name())
+			f := loadCase(t, dir)
+			var out []map[string]any
+			for i, p := range f.proxies {
+				v := xds.NewView(f.snap, p)
+				dump := xds.Dump(v)
+				entry := map[string]any{"proxy": p.ID}
+				for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType} {
+					var list []json.RawMessage
+					for _, r := range dump[typ].Items {
+						require.NoError(t, r.Message.(validator).ValidateAll(), "%s %s", xds.ShortType(typ), r.Name)
+						js, err := protojson.Marshal(r.Message)
+						require.NoError(t, err)
+						list = append(list, js)
+					}
+					entry[xds.ShortType(typ)] = list
+				}
+				if f.dump[i] {
+					out = append(out, entry)
+				}
+			}
+			js, err := json.Marshal(out)
+			require.NoError(t, err)
+			got, err := yaml.JSONToYAML(js)
+			require.NoError(t, err)
+			golden := filepath.Join(dir, "output.yaml")
+			if *update {
+				require.NoError(t, os.WriteFile(golden, got, 0o644))
+				return
+			}
+			want, err := os.ReadFile(golden)
+			require.NoError(t, err, "run go test -update to create %s", golden)
+			assert.Equal(t, string(want), string(got))
+		})
+	}
+}

@@ -1,0 +1,307 @@
+package xds
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	originaldst "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpproxy "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+
+	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
+)
+
+// Istio's virtual listener names and ports (REDIRECT mode).
+const (
+	VirtualOutboundListener = "virtualOutbound"
+	VirtualInboundListener  = "virtualInbound"
+	VirtualOutboundPort     = 15001
+	VirtualInboundPort      = 15006
+)
+
+// Direction is which way a listener's traffic flows; filters and telemetry key on it.
+type Direction int
+
+// Directions.
+const (
+	DirOutbound Direction = iota
+	DirInbound
+)
+
+// Listeners generates LDS for the proxy, shaped by its interception mode (see
+// docs/contracts.md): virtual listeners plus bind_to_port=false outbound listeners under
+// REDIRECT, listeners bound on the pod's own addresses under NONE.
+func Listeners(v *View) *Resources {
+	return v.cached(ListenerType, func() *Resources {
+		var items []*Resource
+		if v.Proxy.InterceptionMode == model.InterceptionNone {
+			for _, op := range outboundPorts(v.Snapshot) {
+				items = append(items, newResource(outboundListener(v, op, v.Proxy.Localhost, true)))
+			}
+			for _, in := range v.Inbounds {
+				items = append(items, newResource(inboundListener(v, in)))
+			}
+		} else {
+			items = append(items, redirectOutboundListeners(v)...)
+			items = append(items, newResource(virtualOutbound(v)), newResource(virtualInbound(v)))
+		}
+		return newResources(items)
+	})
+}
+
+// outboundPort is one service port number with what listens on it: HTTP services share an
+// RDS route configuration; TCP services get a tcp_proxy each, chosen by destination address
+// when they have one.
+type outboundPort struct {
+	Port     uint32
+	HTTP     bool
+	TCP      []*model.Service // services with a TCP protocol on the port, sorted by host
+	HTTPHost []string
+}
+
+// outboundPorts groups the snapshot's service ports by number; cached per snapshot.
+func outboundPorts(snap *push.Snapshot) []*outboundPort {
+	return snap.Full.Get("lds/ports", func() any {
+		byPort := map[uint32]*outboundPort{}
+		for _, svc := range snap.Services {
+			for _, p := range svc.Ports {
+				op := byPort[p.Port]
+				if op == nil {
+					op = &outboundPort{Port: p.Port}
+					byPort[p.Port] = op
+				}
+				if p.Protocol.IsHTTP() {
+					op.HTTP = true
+					op.HTTPHost = append(op.HTTPHost, svc.Hostname)
+				} else {
+					op.TCP = append(op.TCP, svc)
+				}
+			}
+		}
+		out := make([]*outboundPort, 0, len(byPort))
+		for _, op := range byPort {
+			out = append(out, op)
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
+		return out
+	}).([]*outboundPort)
+}
+
+// redirectOutboundListeners do not depend on the proxy beyond its mode: built once.
+func redirectOutboundListeners(v *View) []*Resource {
+	return v.Snapshot.Full.Get("lds/redirect-outbound", func() any {
+		var out []*Resource
+		for _, op := range outboundPorts(v.Snapshot) {
+			out = append(out, newResource(outboundListener(v, op, "0.0.0.0", false)))
+		}
+		return out
+	}).([]*Resource)
+}
+
+func outboundListener(v *View, op *outboundPort, bind string, bindToPort bool) (string, proto.Message) {
+	name := fmt.Sprintf("%s_%d", bind, op.Port)
+	l := &listener.Listener{
+		Name:             name,
+		Address:          socketAddress(bind, op.Port),
+		TrafficDirection: core.TrafficDirection_OUTBOUND,
+	}
+	if !bindToPort {
+		l.BindToPort = wrapperspb.Bool(false)
+	}
+	statPrefix := fmt.Sprintf("outbound_0.0.0.0_%d", op.Port)
+	if op.HTTP {
+		// HTTP wins a port that also has TCP services, Istio's conflict rule; the TCP
+		// services stay reachable through their own addresses only under REDIRECT.
+		l.FilterChains = []*listener.FilterChain{{
+			Filters: []*listener.Filter{httpConnectionManager(v, statPrefix, DirOutbound, &hcm.HttpConnectionManager_Rds{
+				Rds: &hcm.Rds{ConfigSource: adsConfigSource(), RouteConfigName: strconv.Itoa(int(op.Port))},
+			})},
+		}}
+		return name, l
+	}
+	var fallback *model.Service
+	for _, svc := range op.TCP {
+		cluster := OutboundClusterName(op.Port, "", svc.Hostname)
+		var ranges []*core.CidrRange
+		for _, a := range svc.Addresses {
+			ranges = append(ranges, cidr(a))
+		}
+		// A bound listener sees the pod's localhost as destination, never a VIP, so only the
+		// first service (by host) can own the port there, as can a service without addresses.
+		if bindToPort || len(ranges) == 0 {
+			if fallback == nil {
+				fallback = svc
+			}
+			continue
+		}
+		l.FilterChains = append(l.FilterChains, &listener.FilterChain{
+			FilterChainMatch: &listener.FilterChainMatch{PrefixRanges: ranges},
+			Filters:          []*listener.Filter{tcpProxy(statPrefix, cluster)},
+		})
+	}
+	if fallback != nil {
+		l.FilterChains = append(l.FilterChains, &listener.FilterChain{
+			Filters: []*listener.Filter{tcpProxy(statPrefix, OutboundClusterName(op.Port, "", fallback.Hostname))},
+		})
+	} else {
+		l.DefaultFilterChain = &listener.FilterChain{Name: PassthroughCluster, Filters: []*listener.Filter{tcpProxy(PassthroughCluster, passthroughOrBlackhole(v.Snapshot))}}
+	}
+	return name, l
+}
+
+func passthroughOrBlackhole(snap *push.Snapshot) string {
+	if snap.Mesh.GetOutboundTrafficPolicy().GetMode() == meshconfig.MeshConfig_OutboundTrafficPolicy_REGISTRY_ONLY {
+		return BlackHoleCluster
+	}
+	return PassthroughCluster
+}
+
+func cidr(a string) *core.CidrRange {
+	ip, bits := a, uint32(32)
+	for i := 0; i < len(a); i++ {
+		if a[i] == '/' {
+			ip = a[:i]
+			n, _ := strconv.Atoi(a[i+1:])
+			bits = uint32(n)
+			break
+		}
+		if a[i] == ':' {
+			bits = 128
+		}
+	}
+	return &core.CidrRange{AddressPrefix: ip, PrefixLen: wrapperspb.UInt32(bits)}
+}
+
+func virtualOutbound(v *View) (string, proto.Message) {
+	target := passthroughOrBlackhole(v.Snapshot)
+	return VirtualOutboundListener, &listener.Listener{
+		Name:             VirtualOutboundListener,
+		Address:          socketAddress("0.0.0.0", VirtualOutboundPort),
+		UseOriginalDst:   wrapperspb.Bool(true),
+		TrafficDirection: core.TrafficDirection_OUTBOUND,
+		FilterChains: []*listener.FilterChain{{
+			Name:    target,
+			Filters: []*listener.Filter{tcpProxy(target, target)},
+		}},
+	}
+}
+
+func virtualInbound(v *View) (string, proto.Message) {
+	l := &listener.Listener{
+		Name:             VirtualInboundListener,
+		Address:          socketAddress("0.0.0.0", VirtualInboundPort),
+		TrafficDirection: core.TrafficDirection_INBOUND,
+		ListenerFilters: []*listener.ListenerFilter{{
+			Name:       wellknown.OriginalDestination,
+			ConfigType: &listener.ListenerFilter_TypedConfig{TypedConfig: mustAny(&originaldst.OriginalDst{})},
+		}},
+	}
+	for _, in := range v.Inbounds {
+		l.FilterChains = append(l.FilterChains, &listener.FilterChain{
+			Name:             InboundClusterName(in.Port),
+			FilterChainMatch: &listener.FilterChainMatch{DestinationPort: wrapperspb.UInt32(in.Port)},
+			Filters:          inboundFilters(v, in),
+		})
+	}
+	l.FilterChains = append(l.FilterChains, &listener.FilterChain{
+		Name:    InboundPassthroughCluster,
+		Filters: []*listener.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)},
+	})
+	return VirtualInboundListener, l
+}
+
+func inboundListener(v *View, in Inbound) (string, proto.Message) {
+	name := fmt.Sprintf("%s_%d", v.Proxy.IP(), in.Port)
+	return name, &listener.Listener{
+		Name:             name,
+		Address:          socketAddress(v.Proxy.IP(), in.Port),
+		TrafficDirection: core.TrafficDirection_INBOUND,
+		FilterChains:     []*listener.FilterChain{{Name: InboundClusterName(in.Port), Filters: inboundFilters(v, in)}},
+	}
+}
+
+func inboundFilters(v *View, in Inbound) []*listener.Filter {
+	cluster := InboundClusterName(in.Port)
+	statPrefix := fmt.Sprintf("inbound_0.0.0.0_%d", in.Port)
+	if !in.Protocol.IsHTTP() {
+		return []*listener.Filter{tcpProxy(cluster, cluster)}
+	}
+	rc := &route.RouteConfiguration{
+		Name:             cluster,
+		ValidateClusters: wrapperspb.Bool(false),
+		VirtualHosts: []*route.VirtualHost{{
+			Name:    fmt.Sprintf("inbound|http|%d", in.Port),
+			Domains: []string{"*"},
+			Routes: []*route.Route{{
+				Name:  "default",
+				Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &route.Route_Route{Route: &route.RouteAction{
+					ClusterSpecifier: &route.RouteAction_Cluster{Cluster: cluster},
+					Timeout:          durationpb.New(0),
+				}},
+				Decorator: &route.Decorator{Operation: fmt.Sprintf("%s:%d/*", firstHost(in.Hosts), in.ServicePort)},
+			}},
+		}},
+	}
+	return []*listener.Filter{httpConnectionManager(v, statPrefix, DirInbound, &hcm.HttpConnectionManager_RouteConfig{RouteConfig: rc})}
+}
+
+func firstHost(hosts []string) string {
+	if len(hosts) == 0 {
+		return ""
+	}
+	return hosts[0]
+}
+
+// httpFilters is the HTTP filter chain of a listener. WasmPlugin and EnvoyFilter translators
+// insert their filters (ECDS references) ahead of the router here.
+func httpFilters(v *View, dir Direction) []*hcm.HttpFilter {
+	return []*hcm.HttpFilter{{
+		Name:       wellknown.Router,
+		ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})},
+	}}
+}
+
+func httpConnectionManager(v *View, statPrefix string, dir Direction, routes any) *listener.Filter {
+	m := &hcm.HttpConnectionManager{
+		StatPrefix:  statPrefix,
+		CodecType:   hcm.HttpConnectionManager_AUTO,
+		HttpFilters: httpFilters(v, dir),
+		// Istio keeps the client's headers and adds its own request id.
+		UseRemoteAddress: wrapperspb.Bool(false),
+	}
+	switch r := routes.(type) {
+	case *hcm.HttpConnectionManager_Rds:
+		m.RouteSpecifier = r
+	case *hcm.HttpConnectionManager_RouteConfig:
+		m.RouteSpecifier = r
+	}
+	return &listener.Filter{Name: wellknown.HTTPConnectionManager, ConfigType: &listener.Filter_TypedConfig{TypedConfig: mustAny(m)}}
+}
+
+func tcpProxy(statPrefix, cluster string) *listener.Filter {
+	return &listener.Filter{Name: wellknown.TCPProxy, ConfigType: &listener.Filter_TypedConfig{TypedConfig: mustAny(&tcpproxy.TcpProxy{
+		StatPrefix:       statPrefix,
+		ClusterSpecifier: &tcpproxy.TcpProxy_Cluster{Cluster: cluster},
+	})}}
+}
+
+func mustAny(m proto.Message) *anypb.Any {
+	b, err := marshal.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", m, err)) // generated messages always marshal
+	}
+	return &anypb.Any{TypeUrl: "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName()), Value: b}
+}

@@ -1,0 +1,107 @@
+// Package xds generates Envoy configuration (CDS, EDS, LDS, RDS, ECDS) in Istio's shapes and
+// names from a push snapshot for one proxy. Resources that do not depend on the proxy are
+// built and marshalled once per snapshot; per-proxy results are cached under a key made of
+// exactly the proxy properties that shape them.
+package xds
+
+import (
+	"hash/fnv"
+	"sort"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Type URLs of the resource types served, in the order Envoy needs them on a new
+// connection: clusters before their endpoints, listeners before their routes.
+const (
+	ClusterType   = resourcev3.ClusterType
+	EndpointType  = resourcev3.EndpointType
+	ListenerType  = resourcev3.ListenerType
+	RouteType     = resourcev3.RouteType
+	ExtensionType = resourcev3.ExtensionConfigType
+)
+
+// PushOrder is the order a full push sends types in.
+var PushOrder = []string{ClusterType, EndpointType, ListenerType, RouteType, ExtensionType}
+
+// ShortType names a type URL for metrics and logs ("cds", "eds", ...).
+func ShortType(typeURL string) string {
+	switch typeURL {
+	case ClusterType:
+		return "cds"
+	case EndpointType:
+		return "eds"
+	case ListenerType:
+		return "lds"
+	case RouteType:
+		return "rds"
+	case ExtensionType:
+		return "ecds"
+	}
+	return typeURL
+}
+
+// Resource is one generated, marshalled resource. Values are shared between connections
+// and must not be modified.
+type Resource struct {
+	Name string
+	Any  *anypb.Any
+	// Hash of the marshalled bytes: the resource's version for delta xDS and for skipping
+	// unchanged resources.
+	Hash uint64
+	// Message is the resource before marshalling, kept for debug output and tests.
+	Message proto.Message
+}
+
+// Resources is a generated set of one type, sorted by name.
+type Resources struct {
+	Items []*Resource
+	// Hash covers every item's name and hash: equal hashes mean an identical set.
+	Hash uint64
+}
+
+// Names lists the resource names.
+func (r *Resources) Names() []string {
+	out := make([]string, len(r.Items))
+	for i, it := range r.Items {
+		out[i] = it.Name
+	}
+	return out
+}
+
+var marshal = proto.MarshalOptions{Deterministic: true}
+
+// newResource marshals m once.
+func newResource(name string, m proto.Message) *Resource {
+	b, err := marshal.Marshal(m)
+	if err != nil {
+		// Only invalid UTF-8 in a string field can fail here, which the config validation
+		// rules out; keep serving with an empty resource rather than panic a server.
+		b = nil
+	}
+	h := fnv.New64a()
+	_, _ = h.Write(b)
+	return &Resource{
+		Name:    name,
+		Any:     &anypb.Any{TypeUrl: "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName()), Value: b},
+		Hash:    h.Sum64(),
+		Message: m,
+	}
+}
+
+// newResources sorts items by name and hashes the set.
+func newResources(items []*Resource) *Resources {
+	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
+	h := fnv.New64a()
+	var buf [8]byte
+	for _, it := range items {
+		_, _ = h.Write([]byte(it.Name))
+		for i := 0; i < 8; i++ {
+			buf[i] = byte(it.Hash >> (8 * i))
+		}
+		_, _ = h.Write(buf[:])
+	}
+	return &Resources{Items: items, Hash: h.Sum64()}
+}
