@@ -455,13 +455,24 @@ func (p *proxy) adminHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"configs":[{"@type":"type.googleapis.com/envoy.admin.v3.BootstrapConfigDump","bootstrap":%s}]}`, p.raw)
 	})
+	// exitAfter carries an exit code requested by a handler; the process exits only
+	// after the response is on the wire, as Envoy answers /quitquitquit first.
 	post := func(path string, f func(r *http.Request) error) {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			if r.Method != http.MethodPost {
 				http.Error(w, "This endpoint requires POST", http.StatusMethodNotAllowed)
 				return
 			}
-			if err := f(r); err != nil {
+			err := f(r)
+			var ex *exitAfter
+			if errors.As(err, &ex) {
+				w.Header().Set("Connection", "close")
+				fmt.Fprintln(w, "OK")
+				http.NewResponseController(w).Flush()
+				p.exit <- ex.code
+				return
+			}
+			if err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
@@ -516,8 +527,7 @@ func (p *proxy) adminHandler() http.Handler {
 	})
 	post("/quitquitquit", func(*http.Request) error {
 		log.Printf("epoch %d quitting", p.o.epoch)
-		p.exit <- 0
-		return nil
+		return &exitAfter{0}
 	})
 	// Test knobs: the part of discovery and of a misbehaving proxy the tests need.
 	post("/testproxy/xds", func(r *http.Request) error {
@@ -548,8 +558,7 @@ func (p *proxy) adminHandler() http.Handler {
 		if err != nil {
 			return errors.New("code=<n> required")
 		}
-		p.exit <- code
-		return nil
+		return &exitAfter{code}
 	})
 	post("/testproxy/stat", func(r *http.Request) error {
 		q := r.URL.Query()
@@ -562,3 +571,8 @@ func (p *proxy) adminHandler() http.Handler {
 	})
 	return mux
 }
+
+// exitAfter is returned by an admin handler to exit once its response is sent.
+type exitAfter struct{ code int }
+
+func (e *exitAfter) Error() string { return fmt.Sprintf("exit %d", e.code) }
