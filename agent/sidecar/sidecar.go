@@ -1,0 +1,403 @@
+// Package sidecar assembles the long-running `agent proxy sidecar` mode: it turns flags,
+// environment and pod info into a checked configuration (bad input fails here, naming
+// it), then runs the status server, the certificate watcher and the proxy supervisor,
+// and on termination drains the proxy before stopping it.
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+
+	"github.com/wasmesh/wasmesh/agent/admin"
+	"github.com/wasmesh/wasmesh/agent/bootstrap"
+	"github.com/wasmesh/wasmesh/agent/certwatch"
+	"github.com/wasmesh/wasmesh/agent/drain"
+	"github.com/wasmesh/wasmesh/agent/envoyproc"
+	"github.com/wasmesh/wasmesh/agent/podinfo"
+	"github.com/wasmesh/wasmesh/agent/probe"
+	"github.com/wasmesh/wasmesh/agent/proxyconfig"
+	"github.com/wasmesh/wasmesh/agent/status"
+	"github.com/wasmesh/wasmesh/agent/supervisor"
+)
+
+// Options are the agent's inputs. Zero values mean "not given": the ProxyConfig (from
+// PROXY_CONFIG and the proxy.istio.io/config annotation) or Istio's default applies.
+type Options struct {
+	BinaryPath             string
+	ConfigPath             string
+	ServiceCluster         string
+	DiscoveryAddress       string
+	DrainDuration          time.Duration
+	ParentShutdownDuration time.Duration
+	ProxyLogLevel          string
+	ProxyComponentLogLevel string
+	Concurrency            int
+	StatusPort             int
+	ApplicationPorts       []int
+	TemplateFile           string
+	PodInfoDir             string
+	CertFiles              []string
+	CertCheckInterval      time.Duration
+	// Env is the agent's environment (os.Environ()).
+	Env []string
+	// Retry is the restart policy (default 10 retries from 200 ms).
+	Retry supervisor.Retry
+	// DrainPollInterval is how often active connections are polled (default 1s).
+	DrainPollInterval time.Duration
+	// QuitGrace is how long the proxy has to exit after /quitquitquit before it is killed.
+	QuitGrace time.Duration
+	// ProxyEnv is added to the proxy's environment.
+	ProxyEnv       []string
+	Stdout, Stderr io.Writer
+	Log            *slog.Logger
+	Version        string
+}
+
+// Agent is a checked configuration, ready to run.
+type Agent struct {
+	o          Options
+	log        *slog.Logger
+	env        map[string]string
+	pc         *meshconfig.ProxyConfig
+	params     *bootstrap.Params
+	tmpl       *bootstrap.Template
+	override   []byte
+	overrideAt string
+	admin      *admin.Client
+	proxy      *envoyproc.Proxy
+	probes     map[string]probe.Prober
+	appMetrics *status.AppMetrics
+	policy     drain.Policy
+	statusAddr string
+	registry   *prometheus.Registry
+	sup        *supervisor.Supervisor
+	draining   atomic.Bool
+}
+
+// New checks every input and returns the agent, or an error naming the bad input.
+func New(o Options) (*Agent, error) {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Retry.MaxRetries == 0 && o.Retry.InitialInterval == 0 {
+		o.Retry = supervisor.DefaultRetry()
+	}
+	if o.DrainPollInterval <= 0 {
+		o.DrainPollInterval = time.Second
+	}
+	if o.QuitGrace <= 0 {
+		o.QuitGrace = 5 * time.Second
+	}
+	if o.PodInfoDir == "" {
+		o.PodInfoDir = podinfo.DefaultDir
+	}
+	if o.ParentShutdownDuration <= 0 {
+		o.ParentShutdownDuration = 60 * time.Second
+	}
+	if o.ProxyLogLevel == "" {
+		o.ProxyLogLevel = "warning"
+	}
+	a := &Agent{o: o, log: o.Log, env: envMap(o.Env)}
+
+	pod, err := podinfo.Read(o.PodInfoDir)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := proxyconfig.Effective(proxyconfig.Layers{Env: a.env["PROXY_CONFIG"], Annotations: pod.Annotations})
+	if err != nil {
+		return nil, err
+	}
+	// Command-line flags are the most specific layer.
+	if o.BinaryPath != "" {
+		pc.BinaryPath = o.BinaryPath
+	}
+	if o.ConfigPath != "" {
+		pc.ConfigPath = o.ConfigPath
+	}
+	if o.DiscoveryAddress != "" {
+		pc.DiscoveryAddress = o.DiscoveryAddress
+	}
+	if o.DrainDuration > 0 {
+		pc.DrainDuration = durationpb.New(o.DrainDuration)
+	}
+	if o.StatusPort > 0 {
+		pc.StatusPort = int32(o.StatusPort)
+	}
+	if o.Concurrency > 0 {
+		pc.Concurrency = wrapperspb.Int32(int32(o.Concurrency))
+	}
+	a.pc = pc
+
+	in := bootstrap.InputFromEnv(o.Env)
+	in.Labels, in.Annotations = pod.Labels, pod.Annotations
+	in.ProxyConfig = pc
+	in.ServiceCluster = o.ServiceCluster
+	in.Version = o.Version
+	if a.params, err = bootstrap.NewParams(in); err != nil {
+		return nil, err
+	}
+	a.tmpl = bootstrap.DefaultTemplate()
+	if o.TemplateFile == "" {
+		o.TemplateFile = pc.GetProxyBootstrapTemplatePath()
+	}
+	if o.TemplateFile != "" {
+		if a.tmpl, err = bootstrap.LoadTemplate(o.TemplateFile); err != nil {
+			return nil, fmt.Errorf("--templateFile: %w", err)
+		}
+	}
+	if p := a.env["ISTIO_BOOTSTRAP_OVERRIDE"]; p != "" {
+		if a.override, err = os.ReadFile(p); err != nil {
+			return nil, fmt.Errorf("ISTIO_BOOTSTRAP_OVERRIDE: %w", err)
+		}
+		a.overrideAt = p
+	}
+	// Render once now: a template or override that cannot produce a valid bootstrap
+	// is an input error, not a proxy crash to retry ten times.
+	if _, err := a.render(); err != nil {
+		return nil, err
+	}
+
+	a.admin = admin.New(net.JoinHostPort(a.params.AdminAddress, strconv.Itoa(a.params.AdminPort)), 2*time.Second)
+	if a.probes, err = probe.Parse(a.env[probe.EnvName]); err != nil {
+		return nil, err
+	}
+	if a.appMetrics, err = appMetrics(a.env, pod.Annotations, a.params.Localhost, int(pc.GetStatusPort())); err != nil {
+		return nil, err
+	}
+	if a.policy, err = policy(a.env, pc, o.DrainPollInterval); err != nil {
+		return nil, err
+	}
+	a.statusAddr = net.JoinHostPort(a.params.Wildcard, strconv.Itoa(int(pc.GetStatusPort())))
+
+	a.registry = prometheus.NewRegistry()
+	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	if a.proxy, err = envoyproc.New(envoyproc.Config{
+		BinaryPath:             pc.GetBinaryPath(),
+		ConfigPath:             pc.GetConfigPath(),
+		DrainDuration:          proxyconfig.Duration(pc.GetDrainDuration(), 45*time.Second),
+		ParentShutdownDuration: o.ParentShutdownDuration,
+		ServiceCluster:         a.params.Cluster,
+		ServiceNode:            a.params.NodeID,
+		LogLevel:               o.ProxyLogLevel,
+		ComponentLogLevel:      o.ProxyComponentLogLevel,
+		Concurrency:            int(pc.GetConcurrency().GetValue()),
+		Bootstrap:              a.render,
+		Admin:                  a.admin,
+		Env:                    o.ProxyEnv,
+		Stdout:                 o.Stdout,
+		Stderr:                 o.Stderr,
+		Log:                    o.Log,
+	}); err != nil {
+		return nil, err
+	}
+	a.sup = supervisor.New(a.proxy, o.Retry, o.Log, a.registry)
+	return a, nil
+}
+
+func (a *Agent) render() ([]byte, error) {
+	return a.tmpl.Render(a.params, a.override, a.overrideAt)
+}
+
+// Params is the bootstrap data the agent computed (node id, addresses, ...).
+func (a *Agent) Params() *bootstrap.Params { return a.params }
+
+// Admin is the proxy's admin client.
+func (a *Agent) Admin() *admin.Client { return a.admin }
+
+// StatusAddress is where the status server listens.
+func (a *Agent) StatusAddress() string { return a.statusAddr }
+
+// Registry holds the agent's own metrics.
+func (a *Agent) Registry() *prometheus.Registry { return a.registry }
+
+// Run runs until ctx ends (SIGTERM) or a POST to /quitquitquit, then drains and stops
+// the proxy; it returns an error when the proxy could not be kept running.
+func (a *Agent) Run(ctx context.Context) error {
+	l, err := net.Listen("tcp", a.statusAddr)
+	if err != nil {
+		return fmt.Errorf("status server (--statusPort) on %s: %w", a.statusAddr, err)
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+
+	quit := make(chan struct{})
+	var quitOnce sync.Once
+	srv := status.New(status.Config{
+		Admin: a.admin, ApplicationPorts: a.o.ApplicationPorts,
+		Probes: probe.NewHandler(a.probes, a.params.Localhost), AppMetrics: a.appMetrics,
+		Gatherer: a.registry, Draining: a.draining.Load,
+		Quit: func() { quitOnce.Do(func() { close(quit) }) },
+		Log:  a.log,
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(runCtx, l); err != nil {
+			a.log.Error("status server", "err", err)
+		}
+	}()
+
+	supErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		supErr <- a.sup.Run(runCtx)
+	}()
+
+	certs := a.o.CertFiles
+	watcher := certwatch.New(certs, a.o.CertCheckInterval, a.log)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		watcher.Run(runCtx, func(hash string) {
+			if err := a.sup.Apply(runCtx, hash); err != nil && !errors.Is(err, context.Canceled) {
+				a.log.Warn("config not applied", "err", err)
+			}
+		})
+	}()
+
+	select {
+	case err := <-supErr:
+		stopRun()
+		if errors.Is(err, supervisor.ErrProxyExited) {
+			a.log.Info("proxy exited; agent stopping")
+			return nil
+		}
+		return err
+	case <-ctx.Done():
+		a.log.Info("termination requested")
+	case <-quit:
+		a.log.Info("quit requested")
+	}
+
+	a.draining.Store(true)
+	drainCtx, stopDrain := context.WithCancel(context.Background())
+	var supResult error
+	supGone := make(chan struct{})
+	go func() {
+		supResult = <-supErr
+		close(supGone)
+		stopDrain()
+	}()
+	drain.Run(drainCtx, a.admin, a.policy, a.log)
+	stopDrain()
+	if err := a.admin.Quit(context.Background()); err != nil {
+		a.log.Warn("proxy quit failed; it will be killed", "err", err)
+	}
+	grace := time.NewTimer(a.o.QuitGrace)
+	defer grace.Stop()
+	select {
+	case <-supGone:
+	case <-grace.C:
+		a.log.Warn("proxy did not exit after quitquitquit; killing it", "grace", a.o.QuitGrace)
+	}
+	stopRun()
+	<-supGone
+	a.admin.Close()
+	if supResult != nil && !errors.Is(supResult, supervisor.ErrProxyExited) {
+		return supResult
+	}
+	a.log.Info("agent stopped")
+	return nil
+}
+
+func policy(env map[string]string, pc *meshconfig.ProxyConfig, poll time.Duration) (drain.Policy, error) {
+	p := drain.DefaultPolicy()
+	p.PollInterval = poll
+	p.TerminationDrainDuration = proxyconfig.Duration(pc.GetTerminationDrainDuration(), p.TerminationDrainDuration)
+	if v := env["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"]; v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return p, fmt.Errorf("EXIT_ON_ZERO_ACTIVE_CONNECTIONS: %q is not a boolean", v)
+		}
+		p.ExitOnZeroActiveConnections = b
+	}
+	if v := env["MINIMUM_DRAIN_DURATION"]; v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return p, fmt.Errorf("MINIMUM_DRAIN_DURATION: %q is not a duration (e.g. 5s)", v)
+		}
+		p.MinimumDrainDuration = d
+	}
+	return p, nil
+}
+
+// appMetrics finds the application's metrics endpoint: ISTIO_PROMETHEUS_ANNOTATIONS (the
+// injector's copy of the original annotations) or the prometheus.io/* annotations
+// themselves, unless they point at the agent (the injector's rewrite).
+func appMetrics(env, annotations map[string]string, host string, statusPort int) (*status.AppMetrics, error) {
+	source := "annotation prometheus.io/"
+	vals := map[string]string{
+		"scrape": annotations["prometheus.io/scrape"],
+		"port":   annotations["prometheus.io/port"],
+		"path":   annotations["prometheus.io/path"],
+	}
+	if js := env["ISTIO_PROMETHEUS_ANNOTATIONS"]; js != "" {
+		source = "ISTIO_PROMETHEUS_ANNOTATIONS "
+		vals = map[string]string{}
+		if err := json.Unmarshal([]byte(js), &vals); err != nil {
+			return nil, fmt.Errorf("ISTIO_PROMETHEUS_ANNOTATIONS: %w", err)
+		}
+	}
+	if vals["scrape"] == "" {
+		return nil, nil
+	}
+	scrape, err := strconv.ParseBool(vals["scrape"])
+	if err != nil {
+		return nil, fmt.Errorf("%sscrape: %q is not a boolean", source, vals["scrape"])
+	}
+	if !scrape || vals["port"] == "" {
+		return nil, nil
+	}
+	port, err := strconv.Atoi(vals["port"])
+	if err != nil || port <= 0 || port > 65535 {
+		return nil, fmt.Errorf("%sport: %q is not a port", source, vals["port"])
+	}
+	if port == statusPort {
+		return nil, nil
+	}
+	path := vals["path"]
+	if path == "" {
+		path = "/metrics"
+	}
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	return &status.AppMetrics{Host: host, Port: port, Path: path}, nil
+}
+
+// DefaultCertFiles are the files pilot-agent watches in a sidecar.
+func DefaultCertFiles(dir string) []string {
+	return []string{filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem"), filepath.Join(dir, "root-cert.pem")}
+}
+
+func envMap(env []string) map[string]string {
+	out := make(map[string]string, len(env))
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
