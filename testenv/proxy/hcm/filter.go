@@ -1,0 +1,260 @@
+package hcm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/drain"
+	"github.com/wasmesh/wasmesh/testenv/proxy/route"
+	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
+	"github.com/wasmesh/wasmesh/testenv/proxy/streaminfo"
+	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
+)
+
+// Status is what a filter callback tells the connection manager.
+type Status int
+
+const (
+	// Continue runs the next filter.
+	Continue Status = iota
+	// Stop ends iteration: the filter has set a response (Stream.SendLocalReply or, for the
+	// router, the upstream's).
+	Stop
+)
+
+// Filter is one HTTP filter's instance for one stream. The connection manager calls
+// DecodeHeaders in chain order (the request headers, with the body still unread in
+// Stream.Request.Body), EncodeHeaders in reverse order on the response headers of the
+// filters whose DecodeHeaders ran, Log once the response is complete (Envoy's access log
+// phase, where Wasm's proxy_on_log runs) and Destroy last.
+type Filter interface {
+	DecodeHeaders(s *Stream) Status
+	EncodeHeaders(s *Stream) Status
+	Log(s *Stream)
+	Destroy(s *Stream)
+}
+
+// FilterConfig is a configured filter, shared by the streams of every connection of a
+// listener; it makes the per-stream instances.
+type FilterConfig interface {
+	NewFilter(s *Stream) (Filter, error)
+}
+
+// Factory builds a FilterConfig from a typed_config. name is the HttpFilter's name.
+type Factory func(ctx *Context, name string, cfg *anypb.Any) (FilterConfig, error)
+
+// Registry maps filter type URLs to factories. The server owns one and registers the
+// filters it supports (router, wasm, fault, cors, ...); an unknown type is rejected unless
+// the filter is optional, as in Envoy.
+type Registry struct {
+	mu        sync.RWMutex
+	factories map[string]Factory
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{factories: map[string]Factory{}} }
+
+// Register adds the factory for a type URL ("type.googleapis.com/...").
+func (r *Registry) Register(typeURL string, f Factory) {
+	r.mu.Lock()
+	r.factories[typeURL] = f
+	r.mu.Unlock()
+}
+
+// Lookup returns the factory of a type URL.
+func (r *Registry) Lookup(typeURL string) (Factory, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	f, ok := r.factories[typeURL]
+	return f, ok
+}
+
+// Build makes a FilterConfig for a named typed config, with Envoy's error for types it
+// does not know.
+func (r *Registry) Build(ctx *Context, name string, cfg *anypb.Any) (FilterConfig, error) {
+	f, ok := r.Lookup(cfg.GetTypeUrl())
+	if !ok {
+		return nil, fmt.Errorf("didn't find a registered implementation for '%s' with type URL: '%s'", name, strings.TrimPrefix(cfg.GetTypeUrl(), "type.googleapis.com/"))
+	}
+	fc, err := f(ctx, name, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("http filter %s: %w", name, err)
+	}
+	return fc, nil
+}
+
+// RouteHandle is the current route configuration of an RDS name (nil until it arrived).
+type RouteHandle struct {
+	Name string
+	cfg  atomic.Pointer[route.Config]
+}
+
+// Load returns the current configuration.
+func (h *RouteHandle) Load() *route.Config { return h.cfg.Load() }
+
+// Store replaces the configuration.
+func (h *RouteHandle) Store(c *route.Config) { h.cfg.Store(c) }
+
+// StaticRoutes wraps an inline route configuration.
+func StaticRoutes(c *route.Config) *RouteHandle {
+	h := &RouteHandle{Name: c.Name}
+	h.Store(c)
+	return h
+}
+
+// FilterHandle is the current configuration of an extension config discovered through
+// ECDS (nil until it arrived and no default is set).
+type FilterHandle struct {
+	Name string
+	cfg  atomic.Pointer[filterBox]
+}
+
+type filterBox struct{ fc FilterConfig }
+
+// Load returns the current FilterConfig.
+func (h *FilterHandle) Load() FilterConfig {
+	if b := h.cfg.Load(); b != nil {
+		return b.fc
+	}
+	return nil
+}
+
+// Store replaces it.
+func (h *FilterHandle) Store(fc FilterConfig) { h.cfg.Store(&filterBox{fc: fc}) }
+
+// Providers resolve the dynamic parts of an HCM: route configurations by RDS name and
+// filter configurations by ECDS name. The server implements them on top of the xDS client.
+type Providers interface {
+	Routes(name string) *RouteHandle
+	Filter(name string) *FilterHandle
+}
+
+// ListenerInfo describes the listener a connection manager serves.
+type ListenerInfo struct {
+	Name string
+	// Direction is the listener's traffic_direction: 0 unspecified, 1 inbound, 2 outbound.
+	Direction int
+	// StatPrefix is the listener's stats scope ("listener.127.0.0.1_8080").
+	StatPrefix string
+}
+
+// Context is what filter factories and the connection manager are built with.
+type Context struct {
+	Store     *stats.Store
+	Clusters  *upstream.Manager
+	Log       *slog.Logger
+	Registry  *Registry
+	Providers Providers
+	Listener  ListenerInfo
+	Drain     drain.Any
+	// AccessLog is where access logs with a stdout/stderr sink go (nil: os.Stdout).
+	AccessLog io.Writer
+}
+
+// Response is the response a stream sends: the upstream's or a local reply.
+type Response struct {
+	Status int
+	Header http.Header
+	// Body is streamed to the client after EncodeHeaders; nil for none.
+	Body io.ReadCloser
+	// Trailer, when set, is read after Body reached EOF.
+	Trailer func() http.Header
+	// Local marks a reply generated by the proxy.
+	Local bool
+}
+
+// Stream is one HTTP request/response going through the connection manager.
+type Stream struct {
+	ctx     context.Context
+	Request *http.Request
+	Info    *streaminfo.Info
+	// Response is set by the router (upstream response) or by SendLocalReply.
+	Response *Response
+	// HTTP2 reports an HTTP/2 downstream.
+	HTTP2    bool
+	Listener ListenerInfo
+	Log      *slog.Logger
+	// FilterState is shared between the filters of the stream.
+	FilterState map[string]any
+
+	routes        *RouteHandle
+	route         *route.Route
+	routeResolved bool
+	cluster       *route.WeightedCluster
+}
+
+// Context is the stream's context, cancelled when the downstream goes away.
+func (s *Stream) Context() context.Context { return s.ctx }
+
+// Route returns the route of the request (matched once and cached, as Envoy's route
+// cache), nil when none matched.
+func (s *Stream) Route() *route.Route {
+	if !s.routeResolved {
+		s.routeResolved = true
+		s.cluster = nil
+		if cfg := s.RouteConfig(); cfg != nil {
+			s.route = cfg.Match(s.Request)
+		}
+		if s.route != nil {
+			if wc, ok := s.route.PickCluster(s.Request); ok {
+				s.cluster = wc
+			}
+			name := ""
+			if s.cluster != nil {
+				name = s.cluster.Name
+			}
+			s.Info.SetRoute(s.route.Name, name)
+		}
+	}
+	return s.route
+}
+
+// RouteCluster returns the cluster the route chose (nil for non-forwarding routes).
+func (s *Stream) RouteCluster() *route.WeightedCluster {
+	s.Route()
+	return s.cluster
+}
+
+// RouteConfig returns the route configuration in use.
+func (s *Stream) RouteConfig() *route.Config {
+	if s.routes == nil {
+		return nil
+	}
+	return s.routes.Load()
+}
+
+// ClearRouteCache makes the next Route() match again (a filter changed the headers).
+func (s *Stream) ClearRouteCache() { s.routeResolved = false; s.route = nil }
+
+// SendLocalReply answers the stream from the proxy with Envoy's conventions: the body as
+// text/plain, the details recorded for %RESPONSE_CODE_DETAILS%, and the flag set.
+func (s *Stream) SendLocalReply(code int, body string, hdr http.Header, details string, flag streaminfo.Flag) Status {
+	h := http.Header{}
+	for k, v := range hdr {
+		h[k] = v
+	}
+	if body != "" && h.Get("content-type") == "" {
+		h.Set("content-type", "text/plain")
+	}
+	if body != "" {
+		h.Set("content-length", fmt.Sprint(len(body)))
+	}
+	var rc io.ReadCloser
+	if body != "" {
+		rc = io.NopCloser(strings.NewReader(body))
+	}
+	s.Response = &Response{Status: code, Header: h, Body: rc, Local: true}
+	if flag != 0 {
+		s.Info.AddFlag(flag)
+	}
+	s.Info.SetResponse(code, details)
+	return Stop
+}

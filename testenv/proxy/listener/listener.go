@@ -1,0 +1,353 @@
+// Package listener is meshproxy's listener manager: it binds listeners (or takes their
+// sockets over from the previous hot-restart epoch), accepts connections, picks the
+// filter chain by Envoy's filter_chain_match rules and hands the connection to the
+// chain's network filter (the HTTP connection manager or a TCP proxy). It keeps Envoy's
+// listener.<address>.* statistics, honours the global connection limit, redirects
+// connections of a use_original_dst listener to the listener of their original
+// destination, and drains listeners (all, or inbound only) the way Envoy does.
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/drain"
+	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
+	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
+)
+
+// NetworkFilter serves connections of one filter chain.
+type NetworkFilter interface {
+	Start(ctx context.Context)
+	ServeConn(conn net.Conn)
+	Shutdown(ctx context.Context) error
+}
+
+// SocketSource hands over listening sockets inherited from a previous epoch.
+type SocketSource interface {
+	// Take returns the inherited listener bound to addr, if any.
+	Take(addr string) (net.Listener, bool)
+}
+
+// Deps are what the manager builds listeners with.
+type Deps struct {
+	Store     *stats.Store
+	Log       *slog.Logger
+	HCM       func(li hcm.ListenerInfo, drainers drain.Any) *hcm.Context
+	Sockets   SocketSource
+	Server    *drain.Drainer // drains every listener (server shutdown, hot restart)
+	Inbound   *drain.Drainer // drains inbound listeners only (/drain_listeners?inboundonly)
+	MaxConns  int64          // global downstream connection limit; 0: none
+	DrainTime time.Duration
+}
+
+type filterChain struct {
+	proto  *listenerv3.FilterChain
+	filter NetworkFilter
+	hcm    *hcm.Manager
+}
+
+// Listener is one configured listener.
+type Listener struct {
+	Name        string
+	Proto       *listenerv3.Listener
+	Version     string
+	Address     string // "ip:port"
+	Direction   int
+	Bound       bool
+	LastUpdated time.Time
+
+	chains       []*filterChain
+	defaultChain *filterChain
+	sock         *socket
+	ctx          context.Context
+	cancel       context.CancelFunc
+	own          *drain.Drainer // drains this listener (update, removal)
+	st           struct {
+		cxTotal, cxDestroy, overflow, noChain *stats.Counter
+		cxActive                              *stats.Gauge
+	}
+}
+
+// socket is a listening socket with its accept loop. It outlives a listener's
+// configuration: an in-place update hands it to the new version, and each accepted
+// connection goes to whichever version is active then.
+type socket struct {
+	lis       net.Listener
+	name      string
+	accepting atomic.Bool
+	done      chan struct{}
+}
+
+// HTTPManagers returns the connection managers of the listener's filter chains.
+func (l *Listener) HTTPManagers() []*hcm.Manager {
+	var out []*hcm.Manager
+	for _, c := range append(append([]*filterChain(nil), l.chains...), l.defaultChain) {
+		if c != nil && c.hcm != nil {
+			out = append(out, c.hcm)
+		}
+	}
+	return out
+}
+
+// Ready reports whether every connection manager has its routes and filter configs.
+func (l *Listener) Ready() bool {
+	for _, m := range l.HTTPManagers() {
+		if !m.Ready() {
+			return false
+		}
+	}
+	return true
+}
+
+// LocalAddr is the bound address (useful with port 0).
+func (l *Listener) LocalAddr() string {
+	if l.sock != nil {
+		return l.sock.lis.Addr().String()
+	}
+	return l.Address
+}
+
+// StatPrefix is the listener's stats scope name, Envoy's listener.<address>. with the
+// address's ':' turned into '_'.
+func StatPrefix(p *listenerv3.Listener, addr string) string {
+	if sp := p.GetStatPrefix(); sp != "" {
+		return "listener." + sp
+	}
+	return "listener." + strings.ReplaceAll(addr, ":", "_")
+}
+
+// SocketAddress renders a listener address as ip:port.
+func SocketAddress(a *corev3.Address) (string, error) {
+	sa := a.GetSocketAddress()
+	if sa == nil {
+		return "", errors.New("only socket addresses are supported")
+	}
+	if sa.GetProtocol() != corev3.SocketAddress_TCP {
+		return "", fmt.Errorf("protocol %s is not supported", sa.GetProtocol())
+	}
+	return net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))), nil
+}
+
+// Build compiles a listener without binding it.
+func Build(d Deps, p *listenerv3.Listener, version string) (*Listener, error) {
+	if err := p.ValidateAll(); err != nil {
+		return nil, fmt.Errorf("listener %s: %w", p.GetName(), err)
+	}
+	addr, err := SocketAddress(p.GetAddress())
+	if err != nil {
+		return nil, fmt.Errorf("listener %s: address: %w", p.GetName(), err)
+	}
+	l := &Listener{Name: p.GetName(), Proto: p, Version: version, Address: addr, Direction: int(p.GetTrafficDirection()),
+		Bound: p.GetBindToPort() == nil || p.GetBindToPort().GetValue(), own: drain.New(drain.Immediate, 0),
+		LastUpdated: time.Now()}
+	prefix := StatPrefix(p, addr)
+	sc := d.Store.Scope(prefix)
+	l.st.cxTotal = sc.Counter("downstream_cx_total")
+	l.st.cxDestroy = sc.Counter("downstream_cx_destroy")
+	l.st.cxActive = sc.Gauge("downstream_cx_active")
+	l.st.overflow = sc.Counter("downstream_global_cx_overflow")
+	l.st.noChain = sc.Counter("no_filter_chain_match")
+	drainers := drain.Any{d.Server, l.own}
+	if l.Direction == int(corev3.TrafficDirection_INBOUND) {
+		drainers = append(drainers, d.Inbound)
+	}
+	li := hcm.ListenerInfo{Name: p.GetName(), Direction: l.Direction, StatPrefix: prefix}
+	for i, fc := range p.GetFilterChains() {
+		c, err := buildChain(d, li, drainers, fc)
+		if err != nil {
+			return nil, fmt.Errorf("listener %s: filter_chains[%d] (%s): %w", p.GetName(), i, fc.GetName(), err)
+		}
+		l.chains = append(l.chains, c)
+	}
+	if dfc := p.GetDefaultFilterChain(); dfc != nil {
+		c, err := buildChain(d, li, drainers, dfc)
+		if err != nil {
+			return nil, fmt.Errorf("listener %s: default_filter_chain: %w", p.GetName(), err)
+		}
+		l.defaultChain = c
+	}
+	return l, nil
+}
+
+func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.FilterChain) (*filterChain, error) {
+	if fc.GetTransportSocket() != nil && fc.GetTransportSocket().GetName() != "envoy.transport_sockets.raw_buffer" {
+		return nil, fmt.Errorf("transport socket %s is not supported", fc.GetTransportSocket().GetName())
+	}
+	c := &filterChain{proto: fc}
+	for i, f := range fc.GetFilters() {
+		tc := f.GetTypedConfig()
+		if tc == nil {
+			return nil, fmt.Errorf("filters[%d] (%s): no typed_config", i, f.GetName())
+		}
+		switch tc.GetTypeUrl() {
+		case hcm.TypeURL:
+			p := &hcmv3.HttpConnectionManager{}
+			if err := tc.UnmarshalTo(p); err != nil {
+				return nil, fmt.Errorf("filters[%d] (%s): %w", i, f.GetName(), err)
+			}
+			m, err := hcm.New(d.HCM(li, drainers), p)
+			if err != nil {
+				return nil, fmt.Errorf("filters[%d] (%s): %w", i, f.GetName(), err)
+			}
+			c.filter, c.hcm = m, m
+		case tcpProxyTypeURL:
+			p := &tcpv3.TcpProxy{}
+			if err := tc.UnmarshalTo(p); err != nil {
+				return nil, fmt.Errorf("filters[%d] (%s): %w", i, f.GetName(), err)
+			}
+			ctx := d.HCM(li, drainers)
+			t, err := newTCPProxy(ctx, p)
+			if err != nil {
+				return nil, fmt.Errorf("filters[%d] (%s): %w", i, f.GetName(), err)
+			}
+			c.filter = t
+		default:
+			return nil, fmt.Errorf("filters[%d]: didn't find a registered implementation for '%s' with type URL: '%s'",
+				i, f.GetName(), strings.TrimPrefix(tc.GetTypeUrl(), "type.googleapis.com/"))
+		}
+	}
+	if c.filter == nil {
+		return nil, errors.New("no network filter")
+	}
+	return c, nil
+}
+
+// start starts the filter chains and binds (unless bind_to_port is false or the socket
+// is taken over from the previous version of the listener or the previous epoch).
+func (l *Listener) start(parent context.Context, d Deps, m *Manager, inherited *socket) error {
+	l.ctx, l.cancel = context.WithCancel(parent)
+	for _, c := range append(append([]*filterChain(nil), l.chains...), l.defaultChain) {
+		if c != nil {
+			c.filter.Start(l.ctx)
+		}
+	}
+	if !l.Bound {
+		return nil
+	}
+	if inherited != nil {
+		l.sock = inherited
+		return nil
+	}
+	var lis net.Listener
+	if d.Sockets != nil {
+		if s, ok := d.Sockets.Take(l.Address); ok {
+			lis = s
+		}
+	}
+	if lis == nil {
+		var err error
+		lis, err = net.Listen("tcp", l.Address)
+		if err != nil {
+			l.cancel()
+			return fmt.Errorf("listener %s: cannot bind %s: %w", l.Name, l.Address, err)
+		}
+	}
+	l.sock = &socket{lis: lis, name: l.Name, done: make(chan struct{})}
+	l.sock.accepting.Store(true)
+	go l.sock.acceptLoop(parent, d, m)
+	return nil
+}
+
+func (s *socket) acceptLoop(ctx context.Context, d Deps, m *Manager) {
+	defer close(s.done)
+	for {
+		conn, err := s.lis.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) || !s.accepting.Load() {
+				return
+			}
+			d.Log.Warn("accept failed", "listener", s.name, "err", err)
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		l := m.get(s.name)
+		if l == nil || l.sock != s {
+			_ = conn.Close()
+			continue
+		}
+		m.dispatch(l, conn)
+	}
+}
+
+func (s *socket) stop() {
+	if s != nil && s.accepting.CompareAndSwap(true, false) {
+		_ = s.lis.Close()
+	}
+}
+
+// serve runs a connection on this listener's filter chains.
+func (l *Listener) serve(m *Manager, conn net.Conn) {
+	if !m.admit() {
+		l.st.overflow.Inc()
+		_ = conn.Close()
+		return
+	}
+	l.st.cxTotal.Inc()
+	l.st.cxActive.Inc()
+	tc := &countedConn{Conn: conn, onClose: func() {
+		l.st.cxActive.Dec()
+		l.st.cxDestroy.Inc()
+		m.release()
+	}}
+	c := l.pickChain(conn)
+	if c == nil {
+		l.st.noChain.Inc()
+		_ = tc.Close()
+		return
+	}
+	c.filter.ServeConn(tc)
+}
+
+type countedConn struct {
+	net.Conn
+	once    sync.Once
+	onClose func()
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(c.onClose)
+	return c.Conn.Close()
+}
+
+// stopAccepting closes the listening socket of this process. With hot restart the
+// socket lives on in the child, which holds a duplicate of the descriptor.
+func (l *Listener) stopAccepting() { l.sock.stop() }
+
+// shutdown drains the listener's connections (until ctx ends) and stops it.
+func (l *Listener) shutdown(ctx context.Context) {
+	l.own.Start()
+	l.stopAccepting()
+	var wg sync.WaitGroup
+	for _, c := range append(append([]*filterChain(nil), l.chains...), l.defaultChain) {
+		if c == nil {
+			continue
+		}
+		wg.Add(1)
+		go func(f NetworkFilter) {
+			defer wg.Done()
+			_ = f.Shutdown(ctx)
+		}(c.filter)
+	}
+	wg.Wait()
+	if l.cancel != nil {
+		l.cancel()
+	}
+}

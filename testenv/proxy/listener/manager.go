@@ -1,0 +1,446 @@
+package listener
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
+)
+
+// Manager owns the listeners of the process.
+type Manager struct {
+	ctx  context.Context
+	deps Deps
+
+	mu       sync.Mutex
+	active   map[string]*Listener
+	warming  map[string]*Listener
+	static   map[string]bool
+	draining []*Listener
+	onChange []func()
+
+	conns atomic.Int64
+	st    struct {
+		added, modified, removed, createFail *stats.Counter
+		total, warmingG, draining            *stats.Gauge
+	}
+}
+
+// NewManager returns an empty listener manager; listeners stop with ctx.
+func NewManager(ctx context.Context, d Deps) *Manager {
+	m := &Manager{ctx: ctx, deps: d, active: map[string]*Listener{}, warming: map[string]*Listener{}, static: map[string]bool{}}
+	sc := d.Store.Scope("listener_manager")
+	m.st.added = sc.Counter("listener_added")
+	m.st.modified = sc.Counter("listener_modified")
+	m.st.removed = sc.Counter("listener_removed")
+	m.st.createFail = sc.Counter("listener_create_failure")
+	m.st.total = sc.Gauge("total_listeners_active")
+	m.st.warmingG = sc.Gauge("total_listeners_warming")
+	m.st.draining = sc.Gauge("total_listeners_draining")
+	return m
+}
+
+// OnChange registers f, called when a listener became active or was removed.
+func (m *Manager) OnChange(f func()) {
+	m.mu.Lock()
+	m.onChange = append(m.onChange, f)
+	m.mu.Unlock()
+}
+
+func (m *Manager) notify() {
+	m.mu.Lock()
+	fs := append([]func(){}, m.onChange...)
+	m.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// Validate builds a listener without installing it.
+func (m *Manager) Validate(p *listenerv3.Listener) error {
+	_, err := Build(m.deps, p, "")
+	return err
+}
+
+// AddOrUpdate installs a listener. A listener whose RDS routes or ECDS filter configs are
+// not there yet warms (the previous version keeps serving); Recheck activates it once
+// they arrived. An identical listener is left alone.
+func (m *Manager) AddOrUpdate(p *listenerv3.Listener, version string, static bool) error {
+	m.mu.Lock()
+	if old := m.active[p.GetName()]; old != nil && proto.Equal(old.Proto, p) {
+		m.mu.Unlock()
+		return nil
+	}
+	m.mu.Unlock()
+	l, err := Build(m.deps, p, version)
+	if err != nil {
+		m.st.createFail.Inc()
+		return err
+	}
+	m.mu.Lock()
+	if static {
+		m.static[l.Name] = true
+	}
+	if old := m.active[l.Name]; old != nil && old.Address != l.Address && old.Bound && l.Bound {
+		m.mu.Unlock()
+		return fmt.Errorf("listener %s: cannot change the address of a listener from %s to %s", l.Name, old.Address, l.Address)
+	}
+	for n, other := range m.active {
+		if n != l.Name && other.Bound && l.Bound && other.Address == l.Address {
+			m.mu.Unlock()
+			return fmt.Errorf("listener %s: address %s is already used by listener %s", l.Name, l.Address, n)
+		}
+	}
+	m.warming[l.Name] = l
+	m.mu.Unlock()
+	return m.Recheck()
+}
+
+// Recheck activates warming listeners whose dependencies arrived.
+func (m *Manager) Recheck() error {
+	m.mu.Lock()
+	var ready []*Listener
+	for name, l := range m.warming {
+		if l.Ready() {
+			ready = append(ready, l)
+			delete(m.warming, name)
+		}
+	}
+	sort.Slice(ready, func(i, j int) bool { return ready[i].Name < ready[j].Name })
+	var errs []error
+	changed := len(ready) > 0
+	for _, l := range ready {
+		old := m.active[l.Name]
+		var inherited *socket
+		if old != nil && old.sock != nil && old.Address == l.Address {
+			// In-place update: the socket stays, the old filter chains drain.
+			inherited = old.sock
+		}
+		if err := l.start(m.ctx, m.deps, m, inherited); err != nil {
+			errs = append(errs, err)
+			m.st.createFail.Inc()
+			continue
+		}
+		m.active[l.Name] = l
+		if old != nil {
+			m.st.modified.Inc()
+			m.drainOld(old)
+		} else {
+			m.st.added.Inc()
+		}
+	}
+	m.gauges()
+	m.mu.Unlock()
+	if changed {
+		m.notify()
+	}
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	return nil
+}
+
+// drainOld stops an updated listener's old filter chains after the drain time; its
+// accept loop is left to the new listener sharing the socket. m.mu must be held.
+func (m *Manager) drainOld(old *Listener) {
+	m.draining = append(m.draining, old)
+	go func() {
+		ctx, cancel := context.WithTimeout(m.ctx, m.deps.DrainTime)
+		defer cancel()
+		old.own.Start()
+		for _, c := range append(append([]*filterChain(nil), old.chains...), old.defaultChain) {
+			if c != nil {
+				_ = c.filter.Shutdown(ctx)
+			}
+		}
+		old.cancel()
+		m.mu.Lock()
+		for i, d := range m.draining {
+			if d == old {
+				m.draining = append(m.draining[:i], m.draining[i+1:]...)
+				break
+			}
+		}
+		m.gauges()
+		m.mu.Unlock()
+	}()
+}
+
+// Remove deletes a dynamic listener: it stops accepting and drains.
+func (m *Manager) Remove(name string) {
+	m.mu.Lock()
+	delete(m.warming, name)
+	l := m.active[name]
+	if l == nil || m.static[name] {
+		m.gauges()
+		m.mu.Unlock()
+		return
+	}
+	delete(m.active, name)
+	m.st.removed.Inc()
+	m.draining = append(m.draining, l)
+	m.gauges()
+	m.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(m.ctx, m.deps.DrainTime)
+		defer cancel()
+		l.shutdown(ctx)
+		m.mu.Lock()
+		for i, d := range m.draining {
+			if d == l {
+				m.draining = append(m.draining[:i], m.draining[i+1:]...)
+				break
+			}
+		}
+		m.gauges()
+		m.mu.Unlock()
+	}()
+	m.notify()
+}
+
+func (m *Manager) gauges() {
+	m.st.total.Set(int64(len(m.active)))
+	m.st.warmingG.Set(int64(len(m.warming)))
+	m.st.draining.Set(int64(len(m.draining)))
+}
+
+// Active returns the active listeners sorted by name.
+func (m *Manager) Active() []*Listener { return m.list(m.active) }
+
+// Warming returns the warming listeners sorted by name.
+func (m *Manager) Warming() []*Listener { return m.list(m.warming) }
+
+func (m *Manager) list(src map[string]*Listener) []*Listener {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*Listener, 0, len(src))
+	for _, l := range src {
+		out = append(out, l)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// DynamicNames lists listeners that did not come from the bootstrap (active or warming).
+func (m *Manager) DynamicNames() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	seen := map[string]bool{}
+	for _, src := range []map[string]*Listener{m.active, m.warming} {
+		for n := range src {
+			if !m.static[n] && !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// StopAccepting closes every listening socket (the hot-restart parent hands over).
+func (m *Manager) StopAccepting() {
+	for _, l := range m.Active() {
+		l.stopAccepting()
+	}
+}
+
+// Shutdown drains every listener until ctx ends.
+func (m *Manager) Shutdown(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, l := range m.Active() {
+		wg.Add(1)
+		go func(l *Listener) {
+			defer wg.Done()
+			l.shutdown(ctx)
+		}(l)
+	}
+	wg.Wait()
+}
+
+// Sockets returns the listening sockets by address (for the hot-restart handover).
+func (m *Manager) Sockets() map[string]net.Listener {
+	out := map[string]net.Listener{}
+	for _, l := range m.Active() {
+		if l.sock != nil {
+			out[l.Address] = l.sock.lis
+		}
+	}
+	return out
+}
+
+func (m *Manager) get(name string) *Listener {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.active[name]
+}
+
+func (m *Manager) admit() bool {
+	n := m.conns.Add(1)
+	if m.deps.MaxConns > 0 && n > m.deps.MaxConns {
+		m.conns.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (m *Manager) release() { m.conns.Add(-1) }
+
+// ActiveConnections is the number of downstream connections open on all listeners.
+func (m *Manager) ActiveConnections() int64 { return m.conns.Load() }
+
+// dispatch serves a connection accepted by l, first following use_original_dst.
+func (m *Manager) dispatch(l *Listener, conn net.Conn) {
+	if l.Proto.GetUseOriginalDst().GetValue() {
+		if dst, ok := originalDst(conn); ok && dst != l.Address {
+			if target := m.byAddress(dst); target != nil {
+				target.serve(m, &dstConn{Conn: conn, local: dst})
+				return
+			}
+		}
+	}
+	l.serve(m, conn)
+}
+
+func (m *Manager) byAddress(addr string) *Listener {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil
+	}
+	var wildcard *Listener
+	for _, l := range m.active {
+		if l.Address == addr {
+			return l
+		}
+		lp, err := netip.ParseAddrPort(l.Address)
+		if err == nil && lp.Port() == ap.Port() && lp.Addr().IsUnspecified() {
+			wildcard = l
+		}
+	}
+	return wildcard
+}
+
+// dstConn reports the original destination as its local address.
+type dstConn struct {
+	net.Conn
+	local string
+}
+
+func (c *dstConn) LocalAddr() net.Addr {
+	if a, err := net.ResolveTCPAddr("tcp", c.local); err == nil {
+		return a
+	}
+	return c.Conn.LocalAddr()
+}
+
+// pickChain applies filter_chain_match: the matching chain with the most specific match
+// (destination port, destination prefix, transport protocol, application protocols,
+// source prefix), else the default chain. Transport protocol "tls" never matches: this
+// proxy only speaks plaintext.
+func (l *Listener) pickChain(conn net.Conn) *filterChain {
+	local, _ := netip.ParseAddrPort(conn.LocalAddr().String())
+	remote, _ := netip.ParseAddrPort(conn.RemoteAddr().String())
+	var best *filterChain
+	bestScore := -1
+	for _, c := range l.chains {
+		score, ok := matchChain(c.proto.GetFilterChainMatch(), local, remote)
+		if ok && score > bestScore {
+			best, bestScore = c, score
+		}
+	}
+	if best != nil {
+		return best
+	}
+	return l.defaultChain
+}
+
+func matchChain(fcm *listenerv3.FilterChainMatch, local, remote netip.AddrPort) (int, bool) {
+	if fcm == nil {
+		return 0, true
+	}
+	score := 0
+	if p := fcm.GetDestinationPort(); p != nil {
+		if uint32(local.Port()) != p.GetValue() {
+			return 0, false
+		}
+		score += 32
+	}
+	if len(fcm.GetPrefixRanges()) > 0 {
+		if !inRanges(fcm.GetPrefixRanges(), local.Addr()) {
+			return 0, false
+		}
+		score += 16
+	}
+	switch fcm.GetTransportProtocol() {
+	case "", "raw_buffer":
+		if fcm.GetTransportProtocol() != "" {
+			score += 8
+		}
+	default:
+		return 0, false
+	}
+	if len(fcm.GetApplicationProtocols()) > 0 {
+		ok := false
+		for _, p := range fcm.GetApplicationProtocols() {
+			if p == "http/1.1" || p == "h2c" || p == "http/1.0" {
+				ok = true
+			}
+		}
+		if !ok {
+			return 0, false
+		}
+		score += 4
+	}
+	if len(fcm.GetSourcePrefixRanges()) > 0 || len(fcm.GetDirectSourcePrefixRanges()) > 0 {
+		ranges := append(append([]*corev3.CidrRange(nil), fcm.GetSourcePrefixRanges()...), fcm.GetDirectSourcePrefixRanges()...)
+		if !inRanges(ranges, remote.Addr()) {
+			return 0, false
+		}
+		score += 2
+	}
+	if len(fcm.GetSourcePorts()) > 0 {
+		ok := false
+		for _, p := range fcm.GetSourcePorts() {
+			if p == uint32(remote.Port()) {
+				ok = true
+			}
+		}
+		if !ok {
+			return 0, false
+		}
+		score++
+	}
+	if len(fcm.GetServerNames()) > 0 {
+		return 0, false // no TLS, so no SNI
+	}
+	return score, true
+}
+
+func inRanges(ranges []*corev3.CidrRange, a netip.Addr) bool {
+	for _, r := range ranges {
+		p, err := netip.ParsePrefix(r.GetAddressPrefix() + "/" + strconv.Itoa(int(r.GetPrefixLen().GetValue())))
+		if err != nil {
+			continue
+		}
+		if p.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+// StopListener closes one listener's socket; its connections stay until they drain.
+func (m *Manager) StopListener(l *Listener) { l.stopAccepting() }

@@ -1,0 +1,399 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"golang.org/x/net/http2"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
+)
+
+// httpProtocolOptionsKey is the typed_extension_protocol_options key of
+// envoy.extensions.upstreams.http.v3.HttpProtocolOptions.
+const httpProtocolOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+// Envoy's defaults.
+const (
+	defaultConnectTimeout = 5 * time.Second
+	defaultIdleTimeout    = time.Hour
+)
+
+// Protocol is the upstream HTTP protocol a cluster speaks.
+type Protocol int
+
+// Upstream protocols.
+const (
+	ProtocolHTTP1 Protocol = iota
+	ProtocolHTTP2
+	// ProtocolDownstream uses whatever the downstream request used.
+	ProtocolDownstream
+)
+
+// ConnectError is an upstream connection failure (Envoy's UF).
+type ConnectError struct {
+	Host string
+	Err  error
+}
+
+func (e *ConnectError) Error() string { return fmt.Sprintf("connect to %s: %v", e.Host, e.Err) }
+func (e *ConnectError) Unwrap() error { return e.Err }
+
+// Hook is per-request policy around a cluster's hosts (circuit breakers, outlier
+// detection). Admit may refuse a request (return an error naming the limit, which the
+// router answers with 503 and UO); release is called when the request ends. Result
+// reports each attempt's outcome (status 0 with a non-nil err for a failed attempt).
+type Hook interface {
+	Admit(ctx context.Context) (release func(), err error)
+	Result(h *Host, status int, err error)
+}
+
+// HookFactory builds the hook of a cluster; nil hook means the cluster needs none.
+type HookFactory func(c *Cluster) (Hook, error)
+
+// ClusterStats are Envoy's cluster.<name>.* statistics the proxy keeps.
+type ClusterStats struct {
+	UpstreamCxTotal, UpstreamCxConnectFail, UpstreamCxDestroy *stats.Counter
+	UpstreamCxHTTP1Total, UpstreamCxHTTP2Total                *stats.Counter
+	UpstreamCxActive                                          *stats.Gauge
+	UpstreamRqTotal, UpstreamRqCompleted, UpstreamRqTimeout   *stats.Counter
+	UpstreamRqPendingOverflow, UpstreamRqRetry                *stats.Counter
+	UpstreamRqActive                                          *stats.Gauge
+	UpstreamRqTime                                            *stats.Histogram
+	MembershipHealthy, MembershipTotal, MembershipDegraded    *stats.Gauge
+	MembershipExcluded                                        *stats.Gauge
+	UpdateSuccess, UpdateEmpty, LBHealthyPanic                *stats.Counter
+	UpstreamCxNoneHealthy                                     *stats.Counter
+	scope                                                     stats.Scope
+}
+
+func newClusterStats(sc stats.Scope) *ClusterStats {
+	return &ClusterStats{
+		scope:                     sc,
+		UpstreamCxTotal:           sc.Counter("upstream_cx_total"),
+		UpstreamCxConnectFail:     sc.Counter("upstream_cx_connect_fail"),
+		UpstreamCxDestroy:         sc.Counter("upstream_cx_destroy"),
+		UpstreamCxHTTP1Total:      sc.Counter("upstream_cx_http1_total"),
+		UpstreamCxHTTP2Total:      sc.Counter("upstream_cx_http2_total"),
+		UpstreamCxActive:          sc.Gauge("upstream_cx_active"),
+		UpstreamRqTotal:           sc.Counter("upstream_rq_total"),
+		UpstreamRqCompleted:       sc.Counter("upstream_rq_completed"),
+		UpstreamRqTimeout:         sc.Counter("upstream_rq_timeout"),
+		UpstreamRqPendingOverflow: sc.Counter("upstream_rq_pending_overflow"),
+		UpstreamRqRetry:           sc.Counter("upstream_rq_retry"),
+		UpstreamRqActive:          sc.Gauge("upstream_rq_active"),
+		UpstreamRqTime:            sc.Histogram("upstream_rq_time"),
+		MembershipHealthy:         sc.Gauge("membership_healthy"),
+		MembershipTotal:           sc.Gauge("membership_total"),
+		MembershipDegraded:        sc.Gauge("membership_degraded"),
+		MembershipExcluded:        sc.Gauge("membership_excluded"),
+		UpdateSuccess:             sc.Counter("update_success"),
+		UpdateEmpty:               sc.Counter("update_empty"),
+		LBHealthyPanic:            sc.Counter("lb_healthy_panic"),
+		UpstreamCxNoneHealthy:     sc.Counter("upstream_cx_none_healthy"),
+	}
+}
+
+// Scope is the cluster's stats scope (cluster.<name>), for policies that add their own.
+func (s *ClusterStats) Scope() stats.Scope { return s.scope }
+
+// RecordResponse counts a finished upstream request by its status code, Envoy's way
+// (upstream_rq_<code>, upstream_rq_<class>xx, upstream_rq_completed, upstream_rq_time).
+func (s *ClusterStats) RecordResponse(code int, d time.Duration) {
+	s.UpstreamRqCompleted.Inc()
+	if code > 0 {
+		s.scope.Counter("upstream_rq_" + strconv.Itoa(code)).Inc()
+		s.scope.Counter("upstream_rq_" + strconv.Itoa(code/100) + "xx").Inc()
+	}
+	s.UpstreamRqTime.Record(float64(d.Microseconds()) / 1000)
+}
+
+// Cluster is one upstream cluster with its hosts, balancer and connection pool.
+type Cluster struct {
+	Name    string
+	Config  *clusterv3.Cluster
+	Version string
+	// ServiceName is the EDS service name (eds_cluster_config.service_name or the name).
+	ServiceName string
+	Stats       *ClusterStats
+	Protocol    Protocol
+
+	lb    LoadBalancer
+	hooks []Hook
+	hosts atomic.Pointer[HostSet]
+
+	connectTimeout time.Duration
+	h1             *http.Transport
+	h2             *http2.Transport
+	cxMu           sync.Mutex
+	conns          map[*countedConn]struct{}
+}
+
+// Hosts returns the current host set (never nil once the cluster is active).
+func (c *Cluster) Hosts() *HostSet {
+	if hs := c.hosts.Load(); hs != nil {
+		return hs
+	}
+	return &HostSet{}
+}
+
+// SetHosts replaces the hosts and updates the membership gauges.
+func (c *Cluster) SetHosts(hs *HostSet) {
+	c.hosts.Store(hs)
+	c.updateMembership()
+}
+
+func (c *Cluster) updateMembership() {
+	hs := c.Hosts()
+	var healthy, degraded, excluded int64
+	for _, h := range hs.All {
+		if h.Healthy() {
+			healthy++
+		}
+		if h.Health == corev3.HealthStatus_DEGRADED {
+			degraded++
+		}
+		if h.Excluded() {
+			excluded++
+		}
+	}
+	c.Stats.MembershipTotal.Set(int64(len(hs.All)))
+	c.Stats.MembershipHealthy.Set(healthy)
+	c.Stats.MembershipDegraded.Set(degraded)
+	c.Stats.MembershipExcluded.Set(excluded)
+}
+
+// HealthChanged re-counts membership after a host's health changed (outlier detection).
+func (c *Cluster) HealthChanged() { c.updateMembership() }
+
+// Choose picks a host for a request; nil means no host (UH).
+func (c *Cluster) Choose(ctx *LBContext) *Host {
+	candidates, panic := c.Hosts().Candidates()
+	if panic {
+		c.Stats.LBHealthyPanic.Inc()
+	}
+	if len(candidates) == 0 {
+		c.Stats.UpstreamCxNoneHealthy.Inc()
+		return nil
+	}
+	return c.lb.Choose(candidates, ctx)
+}
+
+// Admit runs the cluster's hooks before a request; the returned release must be called
+// when the request ends.
+func (c *Cluster) Admit(ctx context.Context) (func(), error) {
+	var releases []func()
+	release := func() {
+		for _, r := range releases {
+			r()
+		}
+	}
+	for _, h := range c.hooks {
+		r, err := h.Admit(ctx)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		if r != nil {
+			releases = append(releases, r)
+		}
+	}
+	return release, nil
+}
+
+// Report tells the hooks how an attempt ended.
+func (c *Cluster) Report(h *Host, status int, err error) {
+	for _, hk := range c.hooks {
+		hk.Result(h, status, err)
+	}
+}
+
+// RoundTrip sends req to host h over the cluster's pool. downstreamHTTP2 selects the
+// protocol for clusters that follow the downstream.
+func (c *Cluster) RoundTrip(req *http.Request, h *Host, downstreamHTTP2 bool) (*http.Response, error) {
+	req.URL.Scheme = "http"
+	req.URL.Host = h.Address
+	useH2 := c.Protocol == ProtocolHTTP2 || (c.Protocol == ProtocolDownstream && downstreamHTTP2)
+	if useH2 {
+		return c.h2.RoundTrip(req)
+	}
+	return c.h1.RoundTrip(req)
+}
+
+// Close drops the cluster's idle connections (a removed or replaced cluster).
+func (c *Cluster) Close() {
+	c.h1.CloseIdleConnections()
+	c.h2.CloseIdleConnections()
+}
+
+type countedConn struct {
+	net.Conn
+	c    *Cluster
+	once sync.Once
+}
+
+func (cc *countedConn) Close() error {
+	cc.once.Do(func() {
+		cc.c.Stats.UpstreamCxActive.Dec()
+		cc.c.Stats.UpstreamCxDestroy.Inc()
+		cc.c.cxMu.Lock()
+		delete(cc.c.conns, cc)
+		cc.c.cxMu.Unlock()
+	})
+	return cc.Conn.Close()
+}
+
+func (c *Cluster) dial(ctx context.Context, network, addr string, h2 bool) (net.Conn, error) {
+	d := net.Dialer{Timeout: c.connectTimeout, KeepAlive: 30 * time.Second}
+	conn, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		c.Stats.UpstreamCxConnectFail.Inc()
+		return nil, &ConnectError{Host: addr, Err: err}
+	}
+	c.Stats.UpstreamCxTotal.Inc()
+	if h2 {
+		c.Stats.UpstreamCxHTTP2Total.Inc()
+	} else {
+		c.Stats.UpstreamCxHTTP1Total.Inc()
+	}
+	c.Stats.UpstreamCxActive.Inc()
+	cc := &countedConn{Conn: conn, c: c}
+	c.cxMu.Lock()
+	c.conns[cc] = struct{}{}
+	c.cxMu.Unlock()
+	return cc, nil
+}
+
+// ActiveConnections is the number of open upstream connections.
+func (c *Cluster) ActiveConnections() int {
+	c.cxMu.Lock()
+	defer c.cxMu.Unlock()
+	return len(c.conns)
+}
+
+func newCluster(cfg *clusterv3.Cluster, version string, sc stats.Scope, lb LoadBalancer) (*Cluster, error) {
+	c := &Cluster{
+		Name: cfg.GetName(), Config: cfg, Version: version, lb: lb,
+		Stats: newClusterStats(sc), conns: map[*countedConn]struct{}{},
+		connectTimeout: defaultConnectTimeout,
+	}
+	c.ServiceName = cfg.GetEdsClusterConfig().GetServiceName()
+	if c.ServiceName == "" {
+		c.ServiceName = c.Name
+	}
+	if d := cfg.GetConnectTimeout(); d != nil {
+		c.connectTimeout = d.AsDuration()
+	}
+	idle := defaultIdleTimeout
+	proto, err := protocolOf(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.Protocol = proto
+	if opts := httpOptions(cfg); opts != nil && opts.GetCommonHttpProtocolOptions().GetIdleTimeout() != nil {
+		idle = opts.GetCommonHttpProtocolOptions().GetIdleTimeout().AsDuration()
+	}
+	c.h1 = &http.Transport{
+		DialContext:           func(ctx context.Context, n, a string) (net.Conn, error) { return c.dial(ctx, n, a, false) },
+		MaxIdleConns:          0,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       idle,
+		DisableCompression:    true,
+		ResponseHeaderTimeout: 0,
+		ForceAttemptHTTP2:     false,
+	}
+	c.h2 = &http2.Transport{
+		AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, n, a string, _ *tls.Config) (net.Conn, error) {
+			return c.dial(ctx, n, a, true)
+		},
+		IdleConnTimeout:    idle,
+		DisableCompression: true,
+	}
+	return c, nil
+}
+
+func httpOptions(cfg *clusterv3.Cluster) *httpv3.HttpProtocolOptions {
+	a := cfg.GetTypedExtensionProtocolOptions()[httpProtocolOptionsKey]
+	if a == nil {
+		return nil
+	}
+	o := &httpv3.HttpProtocolOptions{}
+	if err := a.UnmarshalTo(o); err != nil {
+		return nil
+	}
+	return o
+}
+
+func protocolOf(cfg *clusterv3.Cluster) (Protocol, error) {
+	if a := cfg.GetTypedExtensionProtocolOptions()[httpProtocolOptionsKey]; a != nil {
+		o := &httpv3.HttpProtocolOptions{}
+		if err := a.UnmarshalTo(o); err != nil {
+			return 0, fmt.Errorf("cluster %s: typed_extension_protocol_options[%s]: %w", cfg.GetName(), httpProtocolOptionsKey, err)
+		}
+		switch p := o.GetUpstreamProtocolOptions().(type) {
+		case *httpv3.HttpProtocolOptions_ExplicitHttpConfig_:
+			if p.ExplicitHttpConfig.GetHttp2ProtocolOptions() != nil {
+				return ProtocolHTTP2, nil
+			}
+			return ProtocolHTTP1, nil
+		case *httpv3.HttpProtocolOptions_UseDownstreamProtocolConfig:
+			return ProtocolDownstream, nil
+		case *httpv3.HttpProtocolOptions_AutoConfig:
+			return ProtocolDownstream, nil
+		}
+	}
+	//nolint:staticcheck // the deprecated fields are still what older control planes send.
+	if cfg.GetHttp2ProtocolOptions() != nil {
+		return ProtocolHTTP2, nil
+	}
+	//nolint:staticcheck
+	if cfg.GetProtocolSelection() == clusterv3.Cluster_USE_DOWNSTREAM_PROTOCOL {
+		return ProtocolDownstream, nil
+	}
+	return ProtocolHTTP1, nil
+}
+
+// hostsFromAssignment converts a ClusterLoadAssignment into hosts.
+func hostsFromAssignment(cla *endpointv3.ClusterLoadAssignment) ([]*Host, error) {
+	var hosts []*Host
+	for i, loc := range cla.GetEndpoints() {
+		for j, lbe := range loc.GetLbEndpoints() {
+			ep := lbe.GetEndpoint()
+			sa := ep.GetAddress().GetSocketAddress()
+			if sa == nil {
+				return nil, fmt.Errorf("endpoints[%d].lb_endpoints[%d]: only socket addresses are supported", i, j)
+			}
+			port, ok := sa.GetPortSpecifier().(*corev3.SocketAddress_PortValue)
+			if !ok {
+				return nil, fmt.Errorf("endpoints[%d].lb_endpoints[%d]: named ports are not supported", i, j)
+			}
+			h := &Host{
+				Address:        net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(port.PortValue))),
+				Hostname:       ep.GetHostname(),
+				Weight:         max(lbe.GetLoadBalancingWeight().GetValue(), 1),
+				Priority:       loc.GetPriority(),
+				Locality:       loc.GetLocality(),
+				LocalityWeight: loc.GetLoadBalancingWeight().GetValue(),
+				Metadata:       lbe.GetMetadata(),
+				Health:         lbe.GetHealthStatus(),
+			}
+			hosts = append(hosts, h)
+		}
+	}
+	return hosts, nil
+}
+
+var errNoHosts = errors.New("no hosts")
