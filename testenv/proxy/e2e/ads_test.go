@@ -297,4 +297,3 @@ func mustStruct(t *testing.T) *anypb.Any {
 	require.NoError(t, err)
 	return a
 }
-
