@@ -30,4 +30,4 @@ func Run(ctx context.Context, o Options, exts ...Extension) error {
 }
 
 // DefaultExtensions are the extensions every meshproxy has.
-func DefaultExtensions() []Extension { return nil }
+func DefaultExtensions() []Extension { return []Extension{wasmExtension} }

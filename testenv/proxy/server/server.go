@@ -260,7 +260,7 @@ func maxConnections(b *bootstrapv3.Bootstrap) int64 {
 // (--mode validate).
 func Validate(o Options) error {
 	o.Stderr = io.Discard
-	s, err := New(context.Background(), o)
+	s, err := New(context.Background(), o, DefaultExtensions()...)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,24 @@
+package server
+
+import (
+	"github.com/wasmesh/wasmesh/testenv/proxy/wasmfilter"
+	"github.com/wasmesh/wasmesh/wasm/host"
+)
+
+// wasmExtension registers envoy.filters.http.wasm with one Wasm runtime for the process.
+func wasmExtension(s *Server) error {
+	n := s.boot.GetNode()
+	node := host.Node{ID: n.GetId(), Cluster: n.GetCluster(), UserAgentName: n.GetUserAgentName(),
+		UserAgentVersion: n.GetUserAgentVersion()}
+	if md := n.GetMetadata(); md != nil {
+		node.Metadata = md.AsMap()
+	}
+	node.Locality.Region, node.Locality.Zone, node.Locality.SubZone = n.GetLocality().GetRegion(), n.GetLocality().GetZone(), n.GetLocality().GetSubZone()
+	m, err := wasmfilter.New(s.ctx, wasmfilter.Options{Node: node, Concurrency: s.opts.Concurrency, Store: s.store,
+		Clusters: s.clusters, Log: s.loggers.For("wasm")})
+	if err != nil {
+		return err
+	}
+	s.registry.Register(wasmfilter.TypeURL, m.Factory)
+	return nil
+}

@@ -1,0 +1,560 @@
+// Package wasmfilter is envoy.filters.http.wasm for meshproxy, on wasm/host: one
+// host.Runtime per process, one host.Plugin per distinct plugin configuration (shared by
+// every listener that uses it, with --concurrency VM instances), module code from a local
+// file, inline bytes or a remote URL checked against its sha256 (fetched once and
+// cached), fail_open, the stream properties the mesh's filters read, and the filters'
+// metrics exported through the proxy's stats store.
+package wasmfilter
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	wasmhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
+	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
+	"github.com/wasmesh/wasmesh/testenv/proxy/streaminfo"
+	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
+	"github.com/wasmesh/wasmesh/wasm/host"
+)
+
+// TypeURL is the Wasm HTTP filter's type URL.
+const TypeURL = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+
+// Options configure the manager.
+type Options struct {
+	Node        host.Node
+	Concurrency int
+	Store       *stats.Store
+	Clusters    *upstream.Manager
+	Log         *slog.Logger
+}
+
+// Manager owns the runtime, the fetched modules and the plugins.
+type Manager struct {
+	ctx     context.Context
+	opts    Options
+	rt      *host.Runtime
+	metrics *host.Metrics
+	env     host.Environment
+
+	mu      sync.Mutex
+	code    map[string][]byte // remote code by sha256
+	plugins map[string]*host.Plugin
+}
+
+// New starts the process's Wasm runtime.
+func New(ctx context.Context, o Options) (*Manager, error) {
+	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: o.Log})
+	if err != nil {
+		return nil, fmt.Errorf("wasm runtime: %w", err)
+	}
+	m := &Manager{ctx: ctx, opts: o, rt: rt, metrics: host.NewMetrics(), code: map[string][]byte{}, plugins: map[string]*host.Plugin{}}
+	m.env = host.Environment{Logger: o.Log, Properties: map[string]any{"node": o.Node.Property()},
+		HTTPCalls: host.HTTPCallDispatcherFunc(m.dispatch)}
+	o.Store.AddExternal(m.external)
+	go func() {
+		<-ctx.Done()
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		for _, p := range m.plugins {
+			_ = p.Close(cctx)
+		}
+		_ = rt.Close(cctx)
+	}()
+	return m, nil
+}
+
+// external renders the guests' metrics for the stats store.
+func (m *Manager) external() []stats.ExternalStat {
+	snap := m.metrics.Snapshot()
+	out := make([]stats.ExternalStat, 0, len(snap))
+	for _, s := range snap {
+		e := stats.ExternalStat{Name: s.Name, Value: s.Value}
+		switch s.Type {
+		case host.MetricCounter:
+			e.Kind = stats.KindCounter
+		case host.MetricGauge:
+			e.Kind = stats.KindGauge
+		case host.MetricHistogram:
+			e.Kind = stats.KindHistogram
+			hv := stats.HistogramValue{Count: s.Count, Sum: float64(s.Sum)}
+			for i := range stats.DefaultBuckets {
+				if i < len(s.Buckets) {
+					hv.Cumulative = append(hv.Cumulative, s.Buckets[i])
+				} else {
+					hv.Cumulative = append(hv.Cumulative, s.Count)
+				}
+			}
+			e.Histogram = hv
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// Factory builds the filter config of an envoy.filters.http.wasm filter. A module that
+// cannot be fetched, compiled, started or configured is an error (the resource is NACKed).
+func (m *Manager) Factory(_ *hcm.Context, name string, a *anypb.Any) (hcm.FilterConfig, error) {
+	w := &wasmhttpv3.Wasm{}
+	if err := a.UnmarshalTo(w); err != nil {
+		return nil, err
+	}
+	if err := w.ValidateAll(); err != nil {
+		return nil, err
+	}
+	pc := w.GetConfig()
+	vm := pc.GetVmConfig()
+	if vm == nil {
+		return nil, errors.New("config.vm_config is required (vm sharing through capability restrictions is not supported)")
+	}
+	code, err := m.loadCode(vm.GetCode())
+	if err != nil {
+		return nil, fmt.Errorf("vm_config.code: %w", err)
+	}
+	cfgBytes, err := bytesOf(pc.GetConfiguration())
+	if err != nil {
+		return nil, fmt.Errorf("config.configuration: %w", err)
+	}
+	vmCfg, err := bytesOf(vm.GetConfiguration())
+	if err != nil {
+		return nil, fmt.Errorf("vm_config.configuration: %w", err)
+	}
+	failOpen := pc.GetFailOpen() //nolint:staticcheck // still what Istio sends
+	if pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN {
+		failOpen = true
+	}
+	pluginName := pc.GetName()
+	if pluginName == "" {
+		pluginName = name
+	}
+	sum := sha256.Sum256(code)
+	key := strings.Join([]string{hex.EncodeToString(sum[:]), pluginName, pc.GetRootId(), vm.GetVmId(),
+		string(cfgBytes), string(vmCfg), fmt.Sprint(failOpen)}, "\x00")
+	m.mu.Lock()
+	p := m.plugins[key]
+	m.mu.Unlock()
+	if p == nil {
+		mod, err := m.rt.Compile(m.ctx, code)
+		if err != nil {
+			return nil, fmt.Errorf("wasm module of %s: %w", pluginName, err)
+		}
+		p, err = m.rt.NewPlugin(m.ctx, mod, host.PluginConfig{
+			Name: pluginName, RootID: pc.GetRootId(), VMID: vm.GetVmId(), VMConfig: vmCfg, Configuration: cfgBytes,
+			FailOpen: failOpen, Instances: max(m.opts.Concurrency, 1), Metrics: m.metrics,
+		}, m.env)
+		if err != nil {
+			return nil, fmt.Errorf("wasm plugin %s: %w", pluginName, err)
+		}
+		m.mu.Lock()
+		if existing := m.plugins[key]; existing != nil {
+			m.mu.Unlock()
+			_ = p.Close(m.ctx)
+			p = existing
+		} else {
+			m.plugins[key] = p
+			m.mu.Unlock()
+		}
+	}
+	sc := m.opts.Store.Scope("wasm." + pluginName)
+	return &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams")}, nil
+}
+
+// bytesOf reads a plugin or VM configuration: StringValue or BytesValue (Istio sends
+// StringValue holding JSON); other types are passed as their serialized bytes.
+func bytesOf(a *anypb.Any) ([]byte, error) {
+	if a == nil {
+		return nil, nil
+	}
+	sv := &wrapperspb.StringValue{}
+	if a.MessageIs(sv) {
+		if err := a.UnmarshalTo(sv); err != nil {
+			return nil, err
+		}
+		return []byte(sv.GetValue()), nil
+	}
+	bv := &wrapperspb.BytesValue{}
+	if a.MessageIs(bv) {
+		if err := a.UnmarshalTo(bv); err != nil {
+			return nil, err
+		}
+		return bv.GetValue(), nil
+	}
+	return a.GetValue(), nil
+}
+
+func (m *Manager) loadCode(src *corev3.AsyncDataSource) ([]byte, error) {
+	switch s := src.GetSpecifier().(type) {
+	case *corev3.AsyncDataSource_Local:
+		switch l := s.Local.GetSpecifier().(type) {
+		case *corev3.DataSource_Filename:
+			b, err := os.ReadFile(l.Filename)
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
+		case *corev3.DataSource_InlineBytes:
+			return l.InlineBytes, nil
+		case *corev3.DataSource_InlineString:
+			return []byte(l.InlineString), nil
+		}
+		return nil, errors.New("local: no filename, inline_bytes or inline_string")
+	case *corev3.AsyncDataSource_Remote:
+		return m.fetch(s.Remote)
+	}
+	return nil, errors.New("neither local nor remote")
+}
+
+// fetch downloads remote code once per sha256 and verifies it.
+func (m *Manager) fetch(r *corev3.RemoteDataSource) ([]byte, error) {
+	want := strings.ToLower(r.GetSha256())
+	if want == "" {
+		return nil, errors.New("remote: sha256 is required")
+	}
+	m.mu.Lock()
+	if b := m.code[want]; b != nil {
+		m.mu.Unlock()
+		return b, nil
+	}
+	m.mu.Unlock()
+	timeout := 5 * time.Second
+	if t := r.GetHttpUri().GetTimeout(); t != nil && t.AsDuration() > 0 {
+		timeout = t.AsDuration()
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, timeout)
+	defer cancel()
+	uri := r.GetHttpUri().GetUri()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, uri, nil)
+	if err != nil {
+		return nil, fmt.Errorf("remote %s: %w", uri, err)
+	}
+	var resp *http.Response
+	if cl := m.opts.Clusters.Get(r.GetHttpUri().GetCluster()); cl != nil {
+		h := cl.Choose(&upstream.LBContext{})
+		if h == nil {
+			return nil, fmt.Errorf("remote %s: cluster %s has no healthy host", uri, cl.Name)
+		}
+		resp, err = cl.RoundTrip(req, h, false)
+	} else {
+		resp, err = http.DefaultClient.Do(req)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("remote %s: %w", uri, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("remote %s: status %d", uri, resp.StatusCode)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("remote %s: %w", uri, err)
+	}
+	got := sha256.Sum256(b)
+	if hex.EncodeToString(got[:]) != want {
+		return nil, fmt.Errorf("remote %s: sha256 mismatch: got %x, want %s", uri, got, want)
+	}
+	m.mu.Lock()
+	m.code[want] = b
+	m.mu.Unlock()
+	return b, nil
+}
+
+// dispatch carries proxy_http_call through the cluster manager.
+func (m *Manager) dispatch(ctx context.Context, req *host.HTTPCallRequest, done func(*host.HTTPCallResponse, error)) error {
+	cl := m.opts.Clusters.Get(req.Cluster)
+	if cl == nil {
+		return host.ErrUnknownCluster
+	}
+	var method, path, authority string
+	hdr := http.Header{}
+	for _, kv := range req.Headers {
+		switch kv[0] {
+		case ":method":
+			method = kv[1]
+		case ":path":
+			path = kv[1]
+		case ":authority":
+			authority = kv[1]
+		default:
+			if !strings.HasPrefix(kv[0], ":") {
+				hdr.Add(kv[0], kv[1])
+			}
+		}
+	}
+	hr, err := http.NewRequestWithContext(ctx, method, "http://"+authority+path, strings.NewReader(string(req.Body)))
+	if err != nil {
+		return err
+	}
+	hr.Header = hdr
+	hr.Host = authority
+	go func() {
+		h := cl.Choose(&upstream.LBContext{Request: hr})
+		if h == nil {
+			done(nil, errors.New("no healthy upstream"))
+			return
+		}
+		resp, err := cl.RoundTrip(hr, h, false)
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			done(nil, err)
+			return
+		}
+		out := &host.HTTPCallResponse{Headers: [][2]string{{":status", fmt.Sprint(resp.StatusCode)}}, Body: body}
+		for k, vs := range resp.Header {
+			for _, v := range vs {
+				out.Headers = append(out.Headers, [2]string{strings.ToLower(k), v})
+			}
+		}
+		done(out, nil)
+	}()
+	return nil
+}
+
+// Config is one configured Wasm filter.
+type Config struct {
+	plugin   *host.Plugin
+	failOpen bool
+	failures *stats.Counter
+}
+
+// Plugin is the plugin behind the config.
+func (c *Config) Plugin() *host.Plugin { return c.plugin }
+
+// NewFilter starts a stream on the plugin.
+func (c *Config) NewFilter(s *hcm.Stream) (hcm.Filter, error) {
+	f := &filter{cfg: c, signals: make(chan host.Signal, 8)}
+	st, err := c.plugin.NewHTTPStream(s.Context(), host.StreamOptions{Info: streamInfo(s), OnSignal: func(sig host.Signal) {
+		select {
+		case f.signals <- sig:
+		default:
+		}
+	}})
+	if err != nil {
+		c.failures.Inc()
+		if c.failOpen {
+			return passThrough{}, nil
+		}
+		return nil, err
+	}
+	f.stream = st
+	return f, nil
+}
+
+type passThrough struct{}
+
+func (passThrough) DecodeHeaders(*hcm.Stream) hcm.Status { return hcm.Continue }
+func (passThrough) EncodeHeaders(*hcm.Stream) hcm.Status { return hcm.Continue }
+func (passThrough) Log(*hcm.Stream)                      {}
+func (passThrough) Destroy(*hcm.Stream)                  {}
+
+type filter struct {
+	cfg     *Config
+	stream  *host.HTTPStream
+	signals chan host.Signal
+	gone    bool // the filter failed open: it is out of the stream
+}
+
+func streamInfo(s *hcm.Stream) host.StreamInfo {
+	return host.StreamInfo{
+		Protocol:    s.Info.Protocol,
+		StartTime:   s.Info.StartTime,
+		Source:      host.Address(s.Info.DownstreamPeer),
+		Destination: host.Address(s.Info.DownstreamLocal),
+		Properties:  map[string]any{"listener_direction": int64(s.Info.Direction)},
+	}
+}
+
+func (f *filter) updateInfo(s *hcm.Stream) {
+	snap := s.Info.Snapshot()
+	f.stream.UpdateInfo(func(i *host.StreamInfo) {
+		i.ClusterName, i.RouteName = snap.ClusterName, snap.RouteName
+		i.ResponseCode, i.ResponseCodeDetails = snap.Code, snap.Details
+		i.ResponseFlags = uint64(snap.Flags)
+		i.Duration = snap.Duration
+		i.Upstream.Address = host.Address(snap.UpstreamHost)
+		i.Upstream.LocalAddress = host.Address(snap.UpstreamLocal)
+		i.Upstream.TransportFailureReason = snap.UpstreamFailure
+	})
+}
+
+func requestHeaders(r *http.Request) *host.Headers {
+	h := host.NewHeaders([2]string{":authority", r.Host}, [2]string{":path", r.URL.RequestURI()},
+		[2]string{":method", r.Method}, [2]string{":scheme", "http"})
+	keys := make([]string, 0, len(r.Header))
+	for k := range r.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		for _, v := range r.Header[k] {
+			h.Add(k, v)
+		}
+	}
+	return h
+}
+
+func applyRequestHeaders(r *http.Request, h *host.Headers) {
+	hdr := http.Header{}
+	for _, kv := range h.Pairs() {
+		switch kv[0] {
+		case ":authority":
+			r.Host = kv[1]
+		case ":path":
+			if u, err := r.URL.Parse(kv[1]); err == nil {
+				r.URL.Path, r.URL.RawPath, r.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
+			}
+		case ":method":
+			r.Method = kv[1]
+		case ":scheme":
+		default:
+			hdr.Add(kv[0], kv[1])
+		}
+	}
+	r.Header = hdr
+}
+
+// outcome applies a callback's result; it reports whether the stream was answered.
+func (f *filter) outcome(s *hcm.Stream, res host.Result) bool {
+	if res.Failure != nil {
+		f.cfg.failures.Inc()
+		if res.LocalResponse == nil {
+			f.gone = true // fail open: continue as if the filter were absent
+			return false
+		}
+	}
+	if res.LocalResponse != nil {
+		f.localReply(s, res.LocalResponse)
+		return true
+	}
+	if res.Action != host.Pause {
+		return false
+	}
+	// Paused: wait until the guest resumes, answers or fails the stream.
+	for {
+		select {
+		case <-s.Context().Done():
+			s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
+			s.Response = &hcm.Response{Local: true}
+			return true
+		case sig := <-f.signals:
+			switch sig.Kind {
+			case host.SignalContinue:
+				return false
+			case host.SignalLocalResponse:
+				f.localReply(s, sig.LocalResponse)
+				return true
+			case host.SignalFailed:
+				if sig.LocalResponse != nil {
+					f.localReply(s, sig.LocalResponse)
+					return true
+				}
+				f.gone = true
+				return false
+			case host.SignalClose:
+				s.SendLocalReply(http.StatusServiceUnavailable, "", nil, "wasm_close_stream", streaminfo.LocalReset)
+				return true
+			}
+		}
+	}
+}
+
+func (f *filter) localReply(s *hcm.Stream, lr *host.LocalResponse) {
+	h := http.Header{}
+	for _, kv := range lr.Headers {
+		h.Add(kv[0], kv[1])
+	}
+	if lr.GRPCStatus >= 0 && strings.HasPrefix(s.Request.Header.Get("content-type"), "application/grpc") {
+		h.Set("grpc-status", fmt.Sprint(lr.GRPCStatus))
+	}
+	s.SendLocalReply(lr.StatusCode, string(lr.Body), h, lr.Details, 0)
+}
+
+func (f *filter) DecodeHeaders(s *hcm.Stream) hcm.Status {
+	h := requestHeaders(s.Request)
+	end := s.Request.Body == nil || s.Request.Body == http.NoBody
+	res := f.stream.OnRequestHeaders(s.Context(), h, end)
+	if res.Skipped {
+		return hcm.Continue
+	}
+	if f.outcome(s, res) {
+		return hcm.Stop
+	}
+	if !f.gone {
+		applyRequestHeaders(s.Request, f.stream.RequestHeaders())
+		s.ClearRouteCache()
+	}
+	return hcm.Continue
+}
+
+func (f *filter) EncodeHeaders(s *hcm.Stream) hcm.Status {
+	if f.gone || s.Response == nil {
+		return hcm.Continue
+	}
+	f.updateInfo(s)
+	h := host.NewHeaders([2]string{":status", fmt.Sprint(s.Response.Status)})
+	keys := make([]string, 0, len(s.Response.Header))
+	for k := range s.Response.Header {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		for _, v := range s.Response.Header[k] {
+			h.Add(k, v)
+		}
+	}
+	res := f.stream.OnResponseHeaders(s.Context(), h, s.Response.Body == nil)
+	if res.Skipped {
+		return hcm.Continue
+	}
+	if res.LocalResponse != nil {
+		if s.Response.Body != nil {
+			_ = s.Response.Body.Close()
+		}
+		f.localReply(s, res.LocalResponse)
+		return hcm.Continue
+	}
+	if res.Failure != nil && res.LocalResponse == nil {
+		f.gone = true
+		return hcm.Continue
+	}
+	out := http.Header{}
+	for _, kv := range f.stream.ResponseHeaders().Pairs() {
+		if kv[0] == ":status" {
+			continue
+		}
+		out.Add(kv[0], kv[1])
+	}
+	s.Response.Header = out
+	return hcm.Continue
+}
+
+// Log runs proxy_on_log, proxy_on_done and proxy_on_delete with the final stream info.
+func (f *filter) Log(s *hcm.Stream) {
+	f.updateInfo(s)
+	f.stream.Finish(context.WithoutCancel(s.Context()))
+}
+
+func (f *filter) Destroy(*hcm.Stream) {}
