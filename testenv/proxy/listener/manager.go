@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -96,7 +97,7 @@ func (m *Manager) AddOrUpdate(p *listenerv3.Listener, version string, static boo
 		return fmt.Errorf("listener %s: cannot change the address of a listener from %s to %s", l.Name, old.Address, l.Address)
 	}
 	for n, other := range m.active {
-		if n != l.Name && other.Bound && l.Bound && other.Address == l.Address {
+		if n != l.Name && other.Bound && l.Bound && other.Address == l.Address && !strings.HasSuffix(l.Address, ":0") {
 			m.mu.Unlock()
 			return fmt.Errorf("listener %s: address %s is already used by listener %s", l.Name, l.Address, n)
 		}
