@@ -23,15 +23,15 @@ type AutoRegistration struct {
 	metrics *metrics.Metrics
 
 	mu     sync.Mutex
-	conns  map[string]int         // open connections per workload key
-	timers map[string]*time.Timer // pending removals
+	conns  map[string]int      // open connections per workload key
+	timers map[string]*removal // pending removals
 	closed bool
 }
 
 // NewAutoRegistration registers into reg.
 func NewAutoRegistration(reg *ServiceEntries, grace time.Duration, log *slog.Logger, m *metrics.Metrics) *AutoRegistration {
 	return &AutoRegistration{reg: reg, grace: grace, log: log.With("scope", "autoregistration"), metrics: m,
-		conns: map[string]int{}, timers: map[string]*time.Timer{}}
+		conns: map[string]int{}, timers: map[string]*removal{}}
 }
 
 // Connect registers (or refreshes) a workload for a new connection.
@@ -44,7 +44,7 @@ func (a *AutoRegistration) Connect(w *model.Workload) {
 	key := w.Key()
 	a.conns[key]++
 	if t := a.timers[key]; t != nil {
-		t.Stop()
+		t.timer.Stop()
 		delete(a.timers, key)
 	}
 	a.mu.Unlock()
@@ -67,12 +67,17 @@ func (a *AutoRegistration) Disconnect(w *model.Workload) {
 		return
 	}
 	delete(a.conns, key)
-	var t *time.Timer
-	t = time.AfterFunc(a.grace, func() { a.expire(w, t) })
-	a.timers[key] = t
+	// The timer is stored under the lock its callback takes, so the callback sees it.
+	r := &removal{}
+	r.timer = time.AfterFunc(a.grace, func() { a.expire(w, r) })
+	a.timers[key] = r
 }
 
-func (a *AutoRegistration) expire(w *model.Workload, t *time.Timer) {
+// removal is one scheduled unregistration; its identity tells a stale timer from the
+// current one.
+type removal struct{ timer *time.Timer }
+
+func (a *AutoRegistration) expire(w *model.Workload, t *removal) {
 	key := w.Key()
 	a.mu.Lock()
 	if a.closed || a.timers[key] != t || a.conns[key] > 0 {
@@ -92,7 +97,7 @@ func (a *AutoRegistration) Close() {
 	defer a.mu.Unlock()
 	a.closed = true
 	for _, t := range a.timers {
-		t.Stop()
+		t.timer.Stop()
 	}
-	a.timers = map[string]*time.Timer{}
+	a.timers = map[string]*removal{}
 }

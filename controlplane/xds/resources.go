@@ -105,3 +105,71 @@ func newResources(items []*Resource) *Resources {
 	}
 	return &Resources{Items: items, Hash: h.Sum64()}
 }
+
+// Diff compares what a client has (old, may be nil) with a new set: the items that are new or
+// changed, and the names that are gone. Both sets are sorted by name, so this is one merge
+// walk without per-connection maps.
+func Diff(old, cur *Resources) (changed []*Resource, removed []string) {
+	var o []*Resource
+	if old != nil {
+		o = old.Items
+	}
+	n := cur.Items
+	i, j := 0, 0
+	for i < len(o) || j < len(n) {
+		switch {
+		case j == len(n) || (i < len(o) && o[i].Name < n[j].Name):
+			removed = append(removed, o[i].Name)
+			i++
+		case i == len(o) || n[j].Name < o[i].Name:
+			changed = append(changed, n[j])
+			j++
+		default:
+			if o[i].Hash != n[j].Hash {
+				changed = append(changed, n[j])
+			}
+			i++
+			j++
+		}
+	}
+	return changed, removed
+}
+
+// Merge returns old with the items of update replacing or adding to it, for clients that
+// received a partial (EDS/RDS) update.
+func Merge(old *Resources, update []*Resource) *Resources {
+	if old == nil || len(old.Items) == 0 {
+		return newResources(append([]*Resource(nil), update...))
+	}
+	byName := make(map[string]*Resource, len(update))
+	for _, u := range update {
+		byName[u.Name] = u
+	}
+	items := make([]*Resource, 0, len(old.Items)+len(update))
+	for _, it := range old.Items {
+		if u, ok := byName[it.Name]; ok {
+			items = append(items, u)
+			delete(byName, it.Name)
+		} else {
+			items = append(items, it)
+		}
+	}
+	for _, u := range byName {
+		items = append(items, u)
+	}
+	return newResources(items)
+}
+
+// Select keeps the items whose names are in names (nil keeps all).
+func Select(r *Resources, names map[string]struct{}) *Resources {
+	if names == nil {
+		return r
+	}
+	items := make([]*Resource, 0, len(names))
+	for _, it := range r.Items {
+		if _, ok := names[it.Name]; ok {
+			items = append(items, it)
+		}
+	}
+	return newResources(items)
+}

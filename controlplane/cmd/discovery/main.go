@@ -1,0 +1,127 @@
+// Command discovery is wasmesh's xDS control plane (pilot-discovery): it reads Istio config
+// from a watched directory and serves it to proxies over ADS.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/logging"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/server"
+)
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+// env reads istiod's environment settings over the defaults.
+func env(opts *discovery.Options) error {
+	dur := func(name string, dst *time.Duration) error {
+		if v := os.Getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return fmt.Errorf("%s=%q: want a duration such as 100ms", name, v)
+			}
+			*dst = d
+		}
+		return nil
+	}
+	s := &opts.Server
+	if err := dur("PILOT_DEBOUNCE_AFTER", &s.Debounce.After); err != nil {
+		return err
+	}
+	if err := dur("PILOT_DEBOUNCE_MAX", &s.Debounce.Max); err != nil {
+		return err
+	}
+	if err := dur("PILOT_XDS_SEND_TIMEOUT", &s.SendTimeout); err != nil {
+		return err
+	}
+	if err := dur("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", &opts.WorkloadGracePeriod); err != nil {
+		return err
+	}
+	if v := os.Getenv("PILOT_ENABLE_EDS_DEBOUNCE"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("PILOT_ENABLE_EDS_DEBOUNCE=%q: want true or false", v)
+		}
+		s.Debounce.EnableEDS = b
+	}
+	if v := os.Getenv("PILOT_PUSH_THROTTLE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("PILOT_PUSH_THROTTLE=%q: want a positive integer", v)
+		}
+		s.PushThrottle = n
+	}
+	if v := os.Getenv("PILOT_MAX_REQUESTS_PER_SECOND"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 {
+			return fmt.Errorf("PILOT_MAX_REQUESTS_PER_SECOND=%q: want a non-negative number", v)
+		}
+		s.ConnectRate = f
+	}
+	return nil
+}
+
+func newCommand() *cobra.Command {
+	opts := discovery.Options{Server: server.Defaults(), WorkloadGracePeriod: registry.DefaultGracePeriod, ShutdownGrace: 5 * time.Second}
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "discovery",
+		Short: "wasmesh xDS control plane: Istio config from a directory, served over ADS",
+		Long: `discovery reads Istio configuration (ServiceEntry, WorkloadEntry, and the other
+Istio kinds) from --configDir, watches it, and serves CDS, EDS, LDS, RDS and ECDS to
+proxies over ADS (State of the World and Delta) on --grpcAddr. Proxies that connect with
+workload metadata are registered as endpoints of the ServiceEntries that select them.
+
+Environment (istiod's names): PILOT_DEBOUNCE_AFTER (100ms), PILOT_DEBOUNCE_MAX (10s),
+PILOT_ENABLE_EDS_DEBOUNCE (true), PILOT_PUSH_THROTTLE (100), PILOT_XDS_SEND_TIMEOUT (5s),
+PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s).`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			levels, err := logging.ParseLevels(logLevel)
+			if err != nil {
+				return err
+			}
+			// Flags win over the environment.
+			flagGrace := opts.WorkloadGracePeriod
+			if err := env(&opts); err != nil {
+				return err
+			}
+			if cmd.Flags().Changed("workloadEntryGracePeriod") {
+				opts.WorkloadGracePeriod = flagGrace
+			}
+			opts.LogLevels = levels
+			log := logging.New(os.Stderr, levels)
+			d, err := discovery.New(opts, log)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return d.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.ConfigDir, "configDir", "", "directory of Istio YAML configuration, watched for changes")
+	f.StringVar(&opts.MeshConfigFile, "meshConfig", "", "MeshConfig YAML file (Istio's defaults when empty), watched for changes")
+	f.StringVar(&opts.GRPCAddr, "grpcAddr", ":15010", "address of the xDS gRPC server")
+	f.StringVar(&opts.HTTPAddr, "httpAddr", ":15014", "address of the debug and metrics HTTP server")
+	f.StringVar(&logLevel, "log_output_level", "default:info", "per-scope levels, e.g. default:info,ads:debug (scopes: ads, filedir, mesh, serviceentry, autoregistration)")
+	f.DurationVar(&opts.WorkloadGracePeriod, "workloadEntryGracePeriod", registry.DefaultGracePeriod, "how long a disconnected auto-registered proxy stays an endpoint (env PILOT_WORKLOAD_ENTRY_GRACE_PERIOD)")
+	f.DurationVar(&opts.ShutdownGrace, "shutdownGrace", 5*time.Second, "how long open streams get to finish on shutdown")
+	return cmd
+}

@@ -1,0 +1,167 @@
+// Package debug serves discovery's introspection over HTTP: readiness, per-proxy sync
+// state, configs and their status, the registry, generated config per proxy, the latest
+// push, and Prometheus metrics under Istio's names.
+package debug
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/mesh"
+	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
+)
+
+// Deps are what the endpoints read.
+type Deps struct {
+	Server   *server.Server
+	Configs  *filedir.Source // may be nil
+	Mesh     *mesh.Watcher   // may be nil
+	Registry registry.Registry
+	// Workloads lists auto-registered workloads; may be nil.
+	Workloads func() []*model.Workload
+	Gatherer  prometheus.Gatherer
+}
+
+// Handler returns the debug mux.
+func Handler(d Deps) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
+		if !d.Server.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/debug/syncz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, syncz(d)) })
+	mux.HandleFunc("/debug/configz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, configz(d)) })
+	mux.HandleFunc("/debug/registryz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, registryz(d)) })
+	mux.HandleFunc("/debug/push_status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, d.Server.Status()) })
+	mux.HandleFunc("/debug/config_dump", func(w http.ResponseWriter, r *http.Request) { configDump(d, w, r) })
+	if d.Gatherer != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(d.Gatherer, promhttp.HandlerOpts{}))
+	}
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// SyncStatus is one connection in /debug/syncz.
+type SyncStatus struct {
+	ProxyID      string              `json:"proxy"`
+	ConnectionID string              `json:"connectionId"`
+	Delta        bool                `json:"delta"`
+	ConnectedAt  time.Time           `json:"connectedAt"`
+	Types        []server.TypeStatus `json:"types"`
+}
+
+func syncz(d Deps) []SyncStatus {
+	out := []SyncStatus{}
+	for _, c := range d.Server.Connections() {
+		out = append(out, SyncStatus{ProxyID: c.Proxy.ID, ConnectionID: c.ID, Delta: c.Delta(), ConnectedAt: c.ConnectedAt, Types: c.SyncStatus()})
+	}
+	return out
+}
+
+type configEntry struct {
+	Kind      config.Kind     `json:"kind"`
+	Namespace string          `json:"namespace"`
+	Name      string          `json:"name"`
+	Source    string          `json:"source"`
+	Spec      json.RawMessage `json:"spec"`
+}
+
+type configzOut struct {
+	Configs   []configEntry       `json:"configs"`
+	Documents []filedir.DocStatus `json:"documents"`
+	MeshError string              `json:"meshConfigError,omitempty"`
+	Mesh      json.RawMessage     `json:"meshConfig,omitempty"`
+}
+
+func configz(d Deps) configzOut {
+	out := configzOut{Configs: []configEntry{}, Documents: []filedir.DocStatus{}}
+	if d.Configs != nil {
+		for _, c := range d.Configs.List() {
+			spec, _ := protojson.Marshal(c.Spec)
+			out.Configs = append(out.Configs, configEntry{Kind: c.Kind, Namespace: c.Namespace, Name: c.Name, Source: c.Source, Spec: compact(spec)})
+		}
+		out.Documents = d.Configs.Status()
+	}
+	if d.Mesh != nil {
+		if err := d.Mesh.LastError(); err != nil {
+			out.MeshError = err.Error()
+		}
+		m, _ := protojson.Marshal(d.Mesh.Mesh())
+		out.Mesh = compact(m)
+	}
+	return out
+}
+
+// compact re-encodes protojson output, whose whitespace is deliberately unstable.
+func compact(b []byte) json.RawMessage {
+	var v any
+	if json.Unmarshal(b, &v) != nil {
+		return nil
+	}
+	out, _ := json.Marshal(v)
+	return out
+}
+
+type registryService struct {
+	*model.Service
+	Resolution string            `json:"resolution"`
+	Endpoints  []*model.Endpoint `json:"endpoints"`
+}
+
+func registryz(d Deps) map[string]any {
+	var svcs []registryService
+	for _, s := range d.Registry.Services() {
+		svcs = append(svcs, registryService{Service: s, Resolution: s.Resolution.String(), Endpoints: d.Registry.Endpoints(s.Hostname)})
+	}
+	out := map[string]any{"services": svcs}
+	if d.Workloads != nil {
+		out["workloads"] = d.Workloads()
+	}
+	return out
+}
+
+func configDump(d Deps, w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("proxyID")
+	if id == "" {
+		http.Error(w, "proxyID is required", http.StatusBadRequest)
+		return
+	}
+	c := d.Server.Connection(id)
+	if c == nil {
+		http.Error(w, "proxy "+id+" is not connected", http.StatusNotFound)
+		return
+	}
+	dump := xds.Dump(c.View())
+	out := map[string]any{"proxy": id, "version": d.Server.Snapshot().Version}
+	for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType} {
+		list := []json.RawMessage{}
+		for _, res := range dump[typ].Items {
+			b, err := protojson.Marshal(res.Message)
+			if err == nil {
+				list = append(list, compact(b))
+			}
+		}
+		out[xds.ShortType(typ)] = list
+	}
+	out["sync"] = c.SyncStatus()
+	writeJSON(w, out)
+}

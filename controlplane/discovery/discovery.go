@@ -1,0 +1,199 @@
+// Package discovery assembles the control plane: the config directory and mesh config
+// sources, the ServiceEntry registry with auto-registration, the xDS server and the debug
+// HTTP server, wired so that every change flows through the debouncer into pushes.
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/debug"
+	"github.com/wasmesh/wasmesh/controlplane/logging"
+	"github.com/wasmesh/wasmesh/controlplane/mesh"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
+)
+
+// Options configure a discovery server.
+type Options struct {
+	ConfigDir      string // Istio YAML; empty: no configs
+	MeshConfigFile string // MeshConfig YAML; empty: defaults
+	GRPCAddr       string // xDS, e.g. ":15010"
+	HTTPAddr       string // debug and metrics, e.g. ":15014"; empty: none
+	Server         server.Options
+	// WorkloadGracePeriod keeps a disconnected auto-registered proxy registered
+	// (PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
+	WorkloadGracePeriod time.Duration
+	// ShutdownGrace bounds graceful shutdown of open streams.
+	ShutdownGrace time.Duration
+	// LogLevels, when set, is served on /debug/logging for run-time level changes.
+	LogLevels *logging.Levels
+}
+
+// Discovery is an assembled control plane.
+type Discovery struct {
+	opts    Options
+	log     *slog.Logger
+	Metrics *metrics.Metrics
+	Reg     *prometheus.Registry
+
+	Configs  *filedir.Source
+	Mesh     *mesh.Watcher
+	Entries  *registry.ServiceEntries
+	Registry *registry.Aggregate
+	AutoReg  *registry.AutoRegistration
+	Server   *server.Server
+
+	grpcLis net.Listener
+	httpLis net.Listener
+}
+
+type emptyStore struct{}
+
+func (emptyStore) List() []*config.Config { return nil }
+
+// New builds the control plane and binds its listeners (so tests can ask for port 0 and
+// read the address), reading the config directory and mesh config once. A config directory
+// that cannot be read or a mesh config that does not parse is an error; bad documents are not.
+func New(opts Options, log *slog.Logger) (*Discovery, error) {
+	d := &Discovery{opts: opts, log: log, Reg: prometheus.NewRegistry()}
+	d.Reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.Metrics = metrics.New(d.Reg)
+	mw, err := mesh.NewWatcher(opts.MeshConfigFile, log)
+	if err != nil {
+		return nil, err
+	}
+	d.Mesh = mw
+	d.Entries = registry.NewServiceEntries(log, d.Metrics)
+	d.Registry = registry.NewAggregate(d.Entries)
+	grace := opts.WorkloadGracePeriod
+	if grace <= 0 {
+		grace = registry.DefaultGracePeriod
+	}
+	d.AutoReg = registry.NewAutoRegistration(d.Entries, grace, log, d.Metrics)
+	var store server.ConfigStore = emptyStore{}
+	if opts.ConfigDir != "" {
+		d.Configs = filedir.New(opts.ConfigDir, log, d.Metrics)
+		if err := d.Configs.Sync(); err != nil {
+			return nil, err
+		}
+		store = d.Configs
+		d.Entries.SetConfigs(d.Configs.List())
+	}
+	d.Server = server.New(log, d.Metrics, opts.Server, server.Deps{
+		Registry: d.Registry, Configs: store, Mesh: d.Mesh.Mesh, AutoRegistration: d.AutoReg,
+	})
+	// Handlers are registered after the initial read: the first snapshot includes it.
+	d.Registry.AddHandler(d.Server.RegistryHandler)
+	if d.Configs != nil {
+		d.Configs.AddHandler(func(changed map[config.Key]struct{}) {
+			keys := make([]config.Key, 0, len(changed))
+			for k := range changed {
+				keys = append(keys, k)
+			}
+			// The registry reports service and endpoint changes itself; the config request
+			// covers every other kind.
+			d.Entries.SetConfigs(d.Configs.List())
+			d.Server.ConfigUpdate(push.NewFull(push.ReasonConfig, keys...))
+		})
+	}
+	d.Mesh.AddHandler(func() { d.Server.ConfigUpdate(push.NewFull(push.ReasonMesh)) })
+
+	if d.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("grpcAddr: %w", err)
+	}
+	if opts.HTTPAddr != "" {
+		if d.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+			d.grpcLis.Close()
+			return nil, fmt.Errorf("httpAddr: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// GRPCAddr is the bound xDS address.
+func (d *Discovery) GRPCAddr() string { return d.grpcLis.Addr().String() }
+
+// HTTPAddr is the bound debug address ("" without one).
+func (d *Discovery) HTTPAddr() string {
+	if d.httpLis == nil {
+		return ""
+	}
+	return d.httpLis.Addr().String()
+}
+
+// Run serves until ctx ends, then shuts down gracefully.
+func (d *Discovery) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer d.AutoReg.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	goRun := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				errs <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		}()
+	}
+	goRun("push", func() error { d.Server.Run(ctx); return nil })
+	if d.Configs != nil {
+		goRun("configDir", func() error { return d.Configs.Run(ctx) })
+	}
+	goRun("meshConfig", func() error { return d.Mesh.Run(ctx) })
+	grace := d.opts.ShutdownGrace
+	if grace <= 0 {
+		grace = 5 * time.Second
+	}
+	goRun("grpc", func() error { return server.Serve(ctx, d.Server.GRPCServer(), d.grpcLis, grace) })
+	if d.httpLis != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/", debug.Handler(debug.Deps{
+			Server: d.Server, Configs: d.Configs, Mesh: d.Mesh, Registry: d.Registry, Workloads: d.Entries.Workloads, Gatherer: d.Reg,
+		}))
+		if d.opts.LogLevels != nil {
+			mux.Handle("/debug/logging", d.opts.LogLevels.Handler())
+		}
+		h := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		goRun("http", func() error {
+			errc := make(chan error, 1)
+			go func() { errc <- h.Serve(d.httpLis) }()
+			select {
+			case err := <-errc:
+				return err
+			case <-ctx.Done():
+			}
+			sctx, scancel := context.WithTimeout(context.Background(), grace)
+			defer scancel()
+			_ = h.Shutdown(sctx)
+			if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	d.log.Info("discovery serving", "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "configDir", d.opts.ConfigDir)
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}

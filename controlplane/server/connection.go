@@ -1,0 +1,285 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
+)
+
+// Connection is one ADS stream from a proxy.
+type Connection struct {
+	ID          string
+	Proxy       *model.Proxy
+	ConnectedAt time.Time
+
+	srv      *Server
+	workload *model.Workload
+	delta    bool
+	pushCh   chan *pushEvent
+	stopped  chan struct{}
+
+	mu      sync.Mutex
+	watches map[string]*watch
+	view    *xds.View
+	// lastNack is the latest NACK message logged, so a proxy repeating it is logged once.
+	lastNack string
+}
+
+// watch is the state of one resource type on one connection.
+type watch struct {
+	wildcard bool
+	names    map[string]struct{}
+	// known is what the proxy has been sent, as far as the server knows: the base for
+	// skipping unchanged types and for delta diffs.
+	known *xds.Resources
+
+	nonceSent, versionSent   string
+	nonceAcked, versionAcked string
+	nackVersion, nackError   string
+	sent, acks, nacks        int
+	lastSent                 time.Time
+}
+
+// TypeStatus is one type's sync state, for /debug/syncz.
+type TypeStatus struct {
+	Type          string `json:"type"`
+	Resources     int    `json:"resources"`
+	Subscribed    int    `json:"subscribed,omitempty"`
+	VersionSent   string `json:"versionSent,omitempty"`
+	NonceSent     string `json:"nonceSent,omitempty"`
+	VersionAcked  string `json:"versionAcked,omitempty"`
+	NonceAcked    string `json:"nonceAcked,omitempty"`
+	VersionNacked string `json:"versionNacked,omitempty"`
+	NackError     string `json:"nackError,omitempty"`
+	Sent          int    `json:"sent"`
+	Acks          int    `json:"acks"`
+	Nacks         int    `json:"nacks"`
+}
+
+// SyncStatus reports every watched type, in push order.
+func (c *Connection) SyncStatus() []TypeStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []TypeStatus
+	for _, typ := range xds.PushOrder {
+		w := c.watches[typ]
+		if w == nil {
+			continue
+		}
+		st := TypeStatus{Type: xds.ShortType(typ), VersionSent: w.versionSent, NonceSent: w.nonceSent,
+			VersionAcked: w.versionAcked, NonceAcked: w.nonceAcked, VersionNacked: w.nackVersion, NackError: w.nackError,
+			Sent: w.sent, Acks: w.acks, Nacks: w.nacks, Subscribed: len(w.names)}
+		if w.known != nil {
+			st.Resources = len(w.known.Items)
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// Delta reports whether the connection uses incremental xDS.
+func (c *Connection) Delta() bool { return c.delta }
+
+// View returns the proxy's view of the snapshot in force.
+func (c *Connection) View() *xds.View {
+	return c.viewFor(c.srv.Snapshot())
+}
+
+// viewFor reuses the proxy's view while the full snapshot is unchanged: an endpoints-only
+// snapshot changes nothing the view computed.
+func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.view == nil || c.view.Snapshot.FullVersion != snap.FullVersion:
+		c.view = xds.NewView(snap, c.Proxy)
+	case c.view.Snapshot != snap:
+		v := *c.view
+		v.Snapshot = snap
+		c.view = &v
+	}
+	return c.view
+}
+
+func (c *Connection) watchesAnyHost(snap *push.Snapshot, hosts map[string]struct{}) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.watches[xds.EndpointType]
+	if w == nil {
+		return false
+	}
+	for h := range hosts {
+		for _, n := range xds.EDSClusterNames(snap, h) {
+			if _, ok := w.names[n]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// edsNames lists the watched clusters of the changed hosts.
+func (c *Connection) edsNames(snap *push.Snapshot, hosts map[string]struct{}) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.watches[xds.EndpointType]
+	if w == nil {
+		return nil
+	}
+	var out []string
+	for h := range hosts {
+		for _, n := range xds.EDSClusterNames(snap, h) {
+			if _, ok := w.names[n]; ok {
+				out = append(out, n)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (c *Connection) subscribed(w *watch) []string {
+	if w.wildcard {
+		return nil
+	}
+	out := make([]string, 0, len(w.names))
+	for n := range w.names {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+var errSendTimeout = errors.New("send timed out")
+
+// sendWithTimeout runs one stream send; a proxy that does not read within the timeout is
+// cut off, so one slow client cannot hold a push worker (the stream's context is cancelled
+// when the handler returns, which unblocks the stuck send).
+func (c *Connection) sendWithTimeout(send func() error) error {
+	timeout := c.srv.opts.SendTimeout
+	if timeout <= 0 {
+		return send()
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- send() }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-errc:
+		return err
+	case <-t.C:
+		c.srv.metrics.WriteTimeouts.Inc()
+		c.srv.log.Warn("send timed out; closing connection", "conn", c.ID, "timeout", timeout)
+		return errSendTimeout
+	}
+}
+
+// recordSent updates a watch after a send.
+func (c *Connection) recordSent(typ string, w *watch, nonce, version string, known *xds.Resources, bytes int) {
+	c.mu.Lock()
+	w.nonceSent, w.versionSent, w.known = nonce, version, known
+	w.sent++
+	w.lastSent = time.Now()
+	c.mu.Unlock()
+	c.srv.bytesSent.Add(uint64(bytes))
+	c.srv.metrics.Pushes.WithLabelValues(xds.ShortType(typ)).Inc()
+	c.srv.metrics.ConfigSize.WithLabelValues(xds.ShortType(typ)).Observe(float64(bytes))
+}
+
+// recordAck handles the nonce and error of a request; it reports whether the request
+// answered the latest response (stale nonces are ignored, Istio's rule).
+func (c *Connection) recordAck(typ string, w *watch, nonce, version string, errDetail string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if nonce != w.nonceSent {
+		c.srv.metrics.ExpiredNonce.WithLabelValues(xds.ShortType(typ)).Inc()
+		return false
+	}
+	if errDetail != "" {
+		w.nacks++
+		w.nackVersion, w.nackError = w.versionSent, errDetail
+		c.srv.metrics.Rejects.WithLabelValues(xds.ShortType(typ)).Inc()
+		if errDetail != c.lastNack {
+			c.lastNack = errDetail
+			c.srv.log.Warn("proxy rejected config (NACK); it keeps its last accepted config", "conn", c.ID,
+				"type", xds.ShortType(typ), "version", w.versionSent, "error", errDetail)
+		}
+		return true
+	}
+	w.acks++
+	w.nonceAcked, w.versionAcked = nonce, version
+	if w.versionAcked == w.nackVersion {
+		w.nackError = ""
+	}
+	return true
+}
+
+// newConnection admits and identifies a new stream.
+func (s *Server) newConnection(ctx context.Context, node *core.Node, delta bool) (*Connection, error) {
+	if wait := s.admitter.reserve(); wait > 0 {
+		if s.opts.ConnectWait > 0 && wait > s.opts.ConnectWait {
+			s.admitter.cancel()
+			s.metrics.ConnectionsRejected.Inc()
+			return nil, status.Error(codes.ResourceExhausted, "too many new connections; retry later")
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	p, err := model.ParseNode(node)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if !s.Ready() {
+		return nil, status.Error(codes.Unavailable, "server is not ready")
+	}
+	c := &Connection{
+		ID: fmt.Sprintf("%s-%d", p.ID, s.connSeq.Add(1)), Proxy: p, ConnectedAt: time.Now(), srv: s, delta: delta,
+		pushCh: make(chan *pushEvent), stopped: make(chan struct{}), watches: map[string]*watch{},
+	}
+	if w, ok := p.Workload(); ok {
+		c.workload = w
+	}
+	return c, nil
+}
+
+func (s *Server) closeConnection(c *Connection) {
+	close(c.stopped)
+	s.queue.Remove(c)
+	s.removeConnection(c)
+}
+
+// isClosed reports whether err only means the stream ended.
+func isClosed(err error) bool {
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Canceled, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// observeConvergence records a completed push to one proxy.
+func (c *Connection) observeConvergence(ev *pushEvent) {
+	if ev.req != nil && !ev.req.Start.IsZero() {
+		c.srv.metrics.ConvergenceTime.Observe(time.Since(ev.req.Start).Seconds())
+	}
+}

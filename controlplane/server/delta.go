@@ -1,0 +1,209 @@
+package server
+
+import (
+	"strconv"
+	"time"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+
+	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
+)
+
+// DeltaAggregatedResources serves incremental (delta) ADS: only changed resources and the
+// names of removed ones are sent.
+func (s *Server) DeltaAggregatedResources(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		if isClosed(err) {
+			return nil
+		}
+		return err
+	}
+	c, err := s.newConnection(ctx, first.GetNode(), true)
+	if err != nil {
+		return err
+	}
+	s.addConnection(c)
+	defer s.closeConnection(c)
+
+	reqs := make(chan *discovery.DeltaDiscoveryRequest)
+	errs := make(chan error, 1)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				errs <- err
+				return
+			}
+			select {
+			case reqs <- r:
+			case <-c.stopped:
+				return
+			}
+		}
+	}()
+	if err := c.onDeltaRequest(stream, first); err != nil {
+		return err
+	}
+	for {
+		select {
+		case r := <-reqs:
+			if err := c.onDeltaRequest(stream, r); err != nil {
+				return err
+			}
+		case ev := <-c.pushCh:
+			err := c.pushDelta(stream, ev)
+			close(ev.done)
+			if err != nil {
+				return err
+			}
+		case err := <-errs:
+			if isClosed(err) {
+				return nil
+			}
+			return err
+		case <-s.stop:
+			return nil
+		}
+	}
+}
+
+func versionOf(h uint64) string { return strconv.FormatUint(h, 36) }
+
+func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, r *discovery.DeltaDiscoveryRequest) error {
+	typ := r.GetTypeUrl()
+	c.mu.Lock()
+	w := c.watches[typ]
+	initial := w == nil
+	if initial {
+		w = &watch{names: map[string]struct{}{}}
+		c.watches[typ] = w
+		w.wildcard = xds.Wildcard(typ) && (len(r.GetResourceNamesSubscribe()) == 0 || contains(r.GetResourceNamesSubscribe(), "*"))
+		// A reconnecting proxy says what it has; resources at the same version are not resent.
+		if iv := r.GetInitialResourceVersions(); len(iv) > 0 {
+			var items []*xds.Resource
+			for name, ver := range iv {
+				if h, err := strconv.ParseUint(ver, 36, 64); err == nil {
+					items = append(items, &xds.Resource{Name: name, Hash: h})
+				}
+			}
+			w.known = xds.Merge(nil, items)
+		}
+	}
+	c.mu.Unlock()
+	if !initial && r.GetResponseNonce() != "" {
+		if c.recordAck(typ, w, r.GetResponseNonce(), w.versionSent, r.GetErrorDetail().GetMessage()) && r.GetErrorDetail() != nil {
+			return nil
+		}
+	}
+	changedSubs := false
+	c.mu.Lock()
+	for _, n := range r.GetResourceNamesSubscribe() {
+		if n == "*" {
+			continue
+		}
+		if _, ok := w.names[n]; !ok {
+			w.names[n] = struct{}{}
+			changedSubs = true
+		}
+	}
+	var unsub map[string]struct{}
+	for _, n := range r.GetResourceNamesUnsubscribe() {
+		if _, ok := w.names[n]; ok {
+			delete(w.names, n)
+			if unsub == nil {
+				unsub = map[string]struct{}{}
+			}
+			unsub[n] = struct{}{}
+		}
+	}
+	if unsub != nil && w.known != nil {
+		// The proxy dropped these; forget them so they are not reported as removed.
+		keep := map[string]struct{}{}
+		for _, it := range w.known.Items {
+			if _, gone := unsub[it.Name]; !gone {
+				keep[it.Name] = struct{}{}
+			}
+		}
+		w.known = xds.Select(w.known, keep)
+	}
+	c.mu.Unlock()
+	if !initial && !changedSubs {
+		return nil
+	}
+	_, err := c.sendDeltaChanged(stream, typ, w, c.srv.Snapshot(), initial && w.wildcard)
+	return err
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Connection) pushDelta(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, ev *pushEvent) error {
+	start := time.Now()
+	defer func() { c.srv.metrics.SendTime.Observe(time.Since(start).Seconds()) }()
+	if !ev.req.Full {
+		err := c.pushEDSOnly(ev, func(typ string, w *watch, items []*xds.Resource, known *xds.Resources) error {
+			return c.sendDeltaItems(stream, typ, w, ev.snap, items, nil, known)
+		})
+		if err == nil {
+			c.observeConvergence(ev)
+		}
+		return err
+	}
+	for _, typ := range xds.PushOrder {
+		c.mu.Lock()
+		w := c.watches[typ]
+		c.mu.Unlock()
+		if w == nil {
+			continue
+		}
+		if _, err := c.sendDeltaChanged(stream, typ, w, ev.snap, false); err != nil {
+			return err
+		}
+	}
+	c.observeConvergence(ev)
+	return nil
+}
+
+// sendDeltaChanged sends the changed and removed resources of a type; always answers when
+// force is set (the first response to a wildcard subscription, which Envoy waits for even
+// when empty).
+func (c *Connection) sendDeltaChanged(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, force bool) (bool, error) {
+	v := c.viewFor(snap)
+	c.mu.Lock()
+	names := c.subscribed(w)
+	known := w.known
+	c.mu.Unlock()
+	cur := xds.Generate(v, typ, names)
+	changed, removed := xds.Diff(known, cur)
+	if len(changed) == 0 && len(removed) == 0 && !force {
+		return false, nil
+	}
+	return true, c.sendDeltaItems(stream, typ, w, snap, changed, removed, cur)
+}
+
+func (c *Connection) sendDeltaItems(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, items []*xds.Resource, removed []string, known *xds.Resources) error {
+	start := time.Now()
+	res := make([]*discovery.Resource, len(items))
+	bytes := 0
+	for i, it := range items {
+		res[i] = &discovery.Resource{Name: it.Name, Version: versionOf(it.Hash), Resource: it.Any}
+		bytes += len(it.Any.Value)
+	}
+	nonce := c.srv.nextNonce()
+	resp := &discovery.DeltaDiscoveryResponse{SystemVersionInfo: snap.Version, Resources: res, RemovedResources: removed, TypeUrl: typ, Nonce: nonce}
+	if err := c.sendWithTimeout(func() error { return stream.Send(resp) }); err != nil {
+		return err
+	}
+	c.recordSent(typ, w, nonce, snap.Version, known, bytes)
+	c.srv.metrics.PushTime.WithLabelValues(xds.ShortType(typ)).Observe(time.Since(start).Seconds())
+	return nil
+}
