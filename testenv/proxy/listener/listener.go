@@ -38,8 +38,8 @@ type NetworkFilter interface {
 
 // SocketSource hands over listening sockets inherited from a previous epoch.
 type SocketSource interface {
-	// Take returns the inherited listener bound to addr, if any.
-	Take(addr string) (net.Listener, bool)
+	// Take returns the inherited socket of a listener (by SocketKey), if any.
+	Take(key string) (net.Listener, bool)
 }
 
 // Deps are what the manager builds listeners with.
@@ -129,6 +129,10 @@ func StatPrefix(p *listenerv3.Listener, addr string) string {
 	}
 	return "listener." + strings.ReplaceAll(addr, ":", "_")
 }
+
+// SocketKey identifies a listening socket across hot-restart epochs: the listener name
+// and its configured address (the address alone is ambiguous with port 0).
+func SocketKey(name, addr string) string { return name + "|" + addr }
 
 // SocketAddress renders a listener address as ip:port.
 func SocketAddress(a *corev3.Address) (string, error) {
@@ -244,7 +248,7 @@ func (l *Listener) start(parent context.Context, d Deps, m *Manager, inherited *
 	}
 	var lis net.Listener
 	if d.Sockets != nil {
-		if s, ok := d.Sockets.Take(l.Address); ok {
+		if s, ok := d.Sockets.Take(SocketKey(l.Name, l.Address)); ok {
 			lis = s
 		}
 	}

@@ -270,12 +270,12 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	wg.Wait()
 }
 
-// Sockets returns the listening sockets by address (for the hot-restart handover).
+// Sockets returns the listening sockets by SocketKey (for the hot-restart handover).
 func (m *Manager) Sockets() map[string]net.Listener {
 	out := map[string]net.Listener{}
 	for _, l := range m.Active() {
 		if l.sock != nil {
-			out[l.Address] = l.sock.lis
+			out[SocketKey(l.Name, l.Address)] = l.sock.lis
 		}
 	}
 	return out

@@ -114,6 +114,8 @@ type HotRestartParent interface {
 	TakeAdmin(addr string) (net.Listener, bool)
 	// DrainParent tells the previous epoch to stop accepting and drain.
 	DrainParent()
+	// Terminate tells the previous epoch to exit.
+	Terminate()
 }
 
 // Extension adds filters or hooks to a server before it starts (Wasm, fault, CORS).
@@ -538,7 +540,7 @@ func (s *Server) evaluateState() {
 		s.store.Gauge("server.state").Set(0)
 		s.log.Info("all dependencies initialized. starting workers")
 		if s.hotParent != nil {
-			s.hotParent.DrainParent()
+			go s.finishHotRestart()
 		}
 	}
 }
@@ -616,3 +618,14 @@ func (s *Server) Cancel() { s.cancel() }
 
 // Uptime is the time since the server started.
 func (s *Server) Uptime() time.Duration { return time.Since(s.started) }
+
+// finishHotRestart tells the previous epoch to drain once this one is live, and to exit
+// after the parent shutdown time, as Envoy's child does.
+func (s *Server) finishHotRestart() {
+	s.hotParent.DrainParent()
+	select {
+	case <-time.After(s.opts.ParentShutdownTime):
+		s.hotParent.Terminate()
+	case <-s.ctx.Done():
+	}
+}
