@@ -62,7 +62,7 @@ type Client struct {
 	cfg Config
 
 	mu        sync.Mutex
-	resources map[string]map[string][]byte // type → name → marshalled resource
+	resources map[string]map[string]*entry // type → name → what is kept of the resource
 	edsNames  map[string]bool              // EDS clusters seen in CDS
 	rdsNames  map[string]bool              // route configs referenced by LDS
 	log       []Response
@@ -78,7 +78,7 @@ type Client struct {
 // Dial opens an ADS stream over conn and starts the client; it stops when ctx ends or the
 // stream fails (Err reports why).
 func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Client, error) {
-	c := &Client{cfg: cfg, resources: map[string]map[string][]byte{}, edsNames: map[string]bool{}, rdsNames: map[string]bool{}, nonces: map[string]string{},
+	c := &Client{cfg: cfg, resources: map[string]map[string]*entry{}, edsNames: map[string]bool{}, rdsNames: map[string]bool{}, nonces: map[string]string{},
 		changed: make(chan struct{}), done: make(chan struct{})}
 	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
 	if cfg.Delta {
@@ -299,38 +299,57 @@ func (c *Client) apply(typ string, anys []*anypb.Any, removed []string, replaceA
 	defer c.mu.Unlock()
 	store := c.resources[typ]
 	if store == nil || replaceAll {
-		store = map[string][]byte{}
+		store = map[string]*entry{}
 		c.resources[typ] = store
 	}
 	for _, a := range anys {
 		n, _ := nameOf(a.GetValue())
-		store[n] = a.GetValue()
+		e := &entry{}
+		switch {
+		case typ == ClusterType:
+			_, e.eds = c.edsCluster(a.GetValue())
+		case typ == ListenerType:
+			e.routes = routeNames(a.GetValue())
+		}
+		// A thin client keeps the bytes of endpoints only (tests look into those); a full
+		// client keeps everything.
+		if !c.cfg.Thin || typ == EndpointType {
+			e.raw = a.GetValue()
+		}
+		store[n] = e
 	}
 	for _, n := range removed {
 		delete(store, n)
 	}
 	switch typ {
 	case ClusterType:
-		want := map[string]bool{}
-		for _, b := range store {
-			if name, eds := c.edsCluster(b); eds {
-				want[name] = true
-			}
-		}
 		if c.cfg.SkipEDS {
 			return nil
+		}
+		want := map[string]bool{}
+		for name, e := range store {
+			if e.eds {
+				want[name] = true
+			}
 		}
 		return c.follow(EndpointType, c.edsNames, want, func(m map[string]bool) { c.edsNames = m })
 	case ListenerType:
 		want := map[string]bool{}
-		for _, b := range store {
-			for _, rn := range routeNames(b) {
+		for _, e := range store {
+			for _, rn := range e.routes {
 				want[rn] = true
 			}
 		}
 		return c.follow(RouteType, c.rdsNames, want, func(m map[string]bool) { c.rdsNames = m })
 	}
 	return nil
+}
+
+// entry is what the client keeps of one resource.
+type entry struct {
+	raw    []byte
+	eds    bool     // a cluster using EDS
+	routes []string // route configurations a listener references
 }
 
 func (c *Client) follow(typ string, have, want map[string]bool, set func(map[string]bool)) []followUp {
@@ -441,9 +460,9 @@ func (c *Client) Names(typ string) []string {
 // Resource unmarshals a held resource into m; false when the client does not hold it.
 func (c *Client) Resource(typ, name string, m proto.Message) bool {
 	c.mu.Lock()
-	b, ok := c.resources[typ][name]
+	e, ok := c.resources[typ][name]
 	c.mu.Unlock()
-	return ok && proto.Unmarshal(b, m) == nil
+	return ok && e.raw != nil && proto.Unmarshal(e.raw, m) == nil
 }
 
 // Responses returns every response received so far.
@@ -472,4 +491,41 @@ func (c *Client) Wait(ctx context.Context, cond func(*Client) bool) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Has reports whether the client holds a resource.
+func (c *Client) Has(typ, name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.resources[typ][name]
+	return ok
+}
+
+// Count is the number of resources of a type the client holds.
+func (c *Client) Count(typ string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.resources[typ])
+}
+
+// Subscribed is the number of names the client subscribes to for EDS or RDS.
+func (c *Client) Subscribed(typ string) int { return len(c.subscription(typ)) }
+
+// LastAck is when the client last ACKed a response of typ (zero if never).
+func (c *Client) LastAck(typ string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(c.log) - 1; i >= 0; i-- {
+		if c.log[i].TypeURL == typ && !c.log[i].Nacked {
+			return c.log[i].Acked
+		}
+	}
+	return time.Time{}
+}
+
+// TrimLog drops the recorded responses, so a long-running load client does not grow.
+func (c *Client) TrimLog() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.log = nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/debug"
@@ -39,6 +40,8 @@ type Options struct {
 	WorkloadGracePeriod time.Duration
 	// ShutdownGrace bounds graceful shutdown of open streams.
 	ShutdownGrace time.Duration
+	// GRPCOptions are added to the xDS gRPC server's options (e.g. a stats handler).
+	GRPCOptions []grpc.ServerOption
 	// LogLevels, when set, is served on /debug/logging for run-time level changes.
 	LogLevels *logging.Levels
 }
@@ -161,7 +164,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 	if grace <= 0 {
 		grace = 5 * time.Second
 	}
-	goRun("grpc", func() error { return server.Serve(ctx, d.Server.GRPCServer(), d.grpcLis, grace) })
+	goRun("grpc", func() error { return server.Serve(ctx, d.Server.GRPCServer(d.opts.GRPCOptions...), d.grpcLis, grace) })
 	if d.httpLis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/", debug.Handler(debug.Deps{

@@ -335,6 +335,10 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(4 << 20),
+		// Thousands of mostly idle streams: return write buffers to a pool between writes
+		// and keep read buffers small, so a connection costs little memory when quiet.
+		grpc.SharedWriteBuffer(true),
+		grpc.ReadBufferSize(8 << 10),
 	}, extra...)
 	g := grpc.NewServer(opts...)
 	discovery.RegisterAggregatedDiscoveryServiceServer(g, s)

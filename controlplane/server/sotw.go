@@ -88,14 +88,21 @@ func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_S
 		w = &watch{}
 		c.mu.Lock()
 		c.watches[typ] = w
+		w.wildcard = xds.Wildcard(typ)
+		w.names = nameSet(r.GetResourceNames())
 		c.mu.Unlock()
+		// A new subscription (or a reconnect) gets everything it names.
+		return c.sendSotwAll(stream, typ, w, c.srv.Snapshot())
 	}
+	// A changed subscription gets what it did not have: the resources of added names.
 	c.mu.Lock()
-	w.wildcard = xds.Wildcard(typ)
 	w.names = nameSet(r.GetResourceNames())
+	if w.known != nil {
+		w.known = xds.Select(w.known, w.names)
+	}
 	c.mu.Unlock()
-	// A new or changed subscription gets the full set of what it names.
-	return c.sendSotw(stream, typ, w, c.srv.Snapshot(), true)
+	_, err := c.sendSotwChanged(stream, typ, w, c.srv.Snapshot(), nil)
+	return err
 }
 
 func sameNames(have map[string]struct{}, names []string) bool {
@@ -118,9 +125,10 @@ func nameSet(names []string) map[string]struct{} {
 	return m
 }
 
-// pushSotw sends what a push changed, type by type in Envoy's order. After CDS (LDS) is
-// sent, all of EDS (RDS) follows, since Envoy waits for them to warm updated clusters
-// (listeners); otherwise EDS and RDS send only the resources that changed.
+// pushSotw sends what a push changed, type by type in Envoy's order. CDS and LDS go out
+// whole when anything in them changed (SotW needs the full set); EDS and RDS send only the
+// resources that changed, plus the assignments of clusters that CDS just replaced, which
+// Envoy needs to warm them (Istio pushes EDS after CDS for the same reason).
 func (c *Connection) pushSotw(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, ev *pushEvent) error {
 	start := time.Now()
 	defer func() { c.srv.metrics.SendTime.Observe(time.Since(start).Seconds()) }()
@@ -133,7 +141,7 @@ func (c *Connection) pushSotw(stream discovery.AggregatedDiscoveryService_Stream
 		c.observeConvergence(ev)
 		return nil
 	}
-	forceEDS, forceRDS := false, false
+	var replacedClusters map[string]struct{}
 	for _, typ := range xds.PushOrder {
 		c.mu.Lock()
 		w := c.watches[typ]
@@ -141,16 +149,12 @@ func (c *Connection) pushSotw(stream discovery.AggregatedDiscoveryService_Stream
 		if w == nil {
 			continue
 		}
-		force := (typ == xds.EndpointType && forceEDS) || (typ == xds.RouteType && forceRDS)
-		sent, err := c.sendSotwChanged(stream, typ, w, ev.snap, force)
+		changed, err := c.sendSotwChanged(stream, typ, w, ev.snap, alsoFor(typ, replacedClusters))
 		if err != nil {
 			return err
 		}
-		if sent && typ == xds.ClusterType {
-			forceEDS = true
-		}
-		if sent && typ == xds.ListenerType {
-			forceRDS = true
+		if typ == xds.ClusterType {
+			replacedClusters = changed
 		}
 	}
 	c.observeConvergence(ev)
@@ -175,29 +179,44 @@ func (c *Connection) pushEDSOnly(ev *pushEvent, send func(typ string, w *watch, 
 	return send(xds.EndpointType, w, changed, xds.Merge(w.known, changed))
 }
 
-// sendSotwChanged sends a type when it changed; it reports whether it sent.
-func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, force bool) (bool, error) {
+// sendSotwChanged sends a type when it changed and returns the names that changed. Wildcard
+// types (CDS, LDS) are sent whole; named types send the changed resources plus those named
+// in also, even when unchanged.
+func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, also map[string]struct{}) (map[string]struct{}, error) {
 	v := c.viewFor(snap)
 	cur := xds.Generate(v, typ, c.subscribed(w))
-	if force {
-		return true, c.sendSotwItems(stream, typ, w, snap, cur.Items, cur)
+	changed, removed := xds.Diff(w.known, cur)
+	if len(changed) == 0 && len(removed) == 0 && len(also) == 0 {
+		return nil, nil
+	}
+	names := make(map[string]struct{}, len(changed))
+	for _, r := range changed {
+		names[r.Name] = struct{}{}
 	}
 	if w.wildcard {
-		if w.known != nil && w.known.Hash == cur.Hash {
-			return false, nil
+		return names, c.sendSotwItems(stream, typ, w, snap, cur.Items, cur)
+	}
+	send := changed
+	if len(also) > 0 {
+		send = send[:0:0]
+		for _, r := range cur.Items {
+			_, ch := names[r.Name]
+			_, al := also[r.Name]
+			if ch || al {
+				send = append(send, r)
+			}
 		}
-		return true, c.sendSotwItems(stream, typ, w, snap, cur.Items, cur)
 	}
-	changed, _ := xds.Diff(w.known, cur)
-	if len(changed) == 0 {
-		return false, nil
+	if len(send) == 0 {
+		return nil, nil
 	}
-	return true, c.sendSotwItems(stream, typ, w, snap, changed, cur)
+	return names, c.sendSotwItems(stream, typ, w, snap, send, cur)
 }
 
-func (c *Connection) sendSotw(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, force bool) error {
-	_, err := c.sendSotwChanged(stream, typ, w, snap, force)
-	return err
+// sendSotwAll answers a new subscription with everything it names.
+func (c *Connection) sendSotwAll(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot) error {
+	cur := xds.Generate(c.viewFor(snap), typ, c.subscribed(w))
+	return c.sendSotwItems(stream, typ, w, snap, cur.Items, cur)
 }
 
 func (c *Connection) sendSotwItems(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, items []*xds.Resource, known *xds.Resources) error {
@@ -215,5 +234,13 @@ func (c *Connection) sendSotwItems(stream discovery.AggregatedDiscoveryService_S
 	}
 	c.recordSent(typ, w, nonce, snap.Version, known, bytes)
 	c.srv.metrics.PushTime.WithLabelValues(xds.ShortType(typ)).Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// alsoFor passes the replaced clusters to EDS only.
+func alsoFor(typ string, replaced map[string]struct{}) map[string]struct{} {
+	if typ == xds.EndpointType {
+		return replaced
+	}
 	return nil
 }

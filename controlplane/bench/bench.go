@@ -1,0 +1,212 @@
+// Package bench measures pushes at scale: discovery and a go-control-plane SnapshotCache
+// baseline serve the same resources to the same load clients (cmd/xdsload, a separate
+// process on loopback gRPC). The benchmarks live in push_bench_test.go.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/stats"
+)
+
+// Scale is one point of the benchmark matrix.
+type Scale struct {
+	Services int
+	Proxies  int
+}
+
+// DefaultScales is the matrix the issue asks for.
+var DefaultScales = []Scale{{100, 100}, {100, 500}, {100, 2000}, {1000, 100}, {1000, 500}, {1000, 2000}}
+
+// ParseScales reads "SERVICESxPROXIES,..." (e.g. "100x100,1000x2000"); empty means the
+// default matrix.
+func ParseScales(spec string) ([]Scale, error) {
+	if strings.TrimSpace(spec) == "" {
+		return DefaultScales, nil
+	}
+	var out []Scale
+	for _, part := range strings.Split(spec, ",") {
+		s, p, ok := strings.Cut(strings.TrimSpace(part), "x")
+		sv, err1 := strconv.Atoi(s)
+		pv, err2 := strconv.Atoi(p)
+		if !ok || err1 != nil || err2 != nil || sv <= 0 || pv <= 0 {
+			return nil, fmt.Errorf("scale %q: want SERVICESxPROXIES, e.g. 1000x2000", part)
+		}
+		out = append(out, Scale{sv, pv})
+	}
+	return out, nil
+}
+
+// ServiceEntries renders n ServiceEntries, each selecting its own workloads, and one
+// WorkloadEntry per service, in the namespace "load".
+func ServiceEntries(n int) string {
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "---\n%s---\n%s", ServiceEntry(i), workloadEntry(i))
+	}
+	return b.String()
+}
+
+// ServiceEntry renders service i.
+func ServiceEntry(i int) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: svc-%d, namespace: load}
+spec:
+  hosts: [svc-%d.load.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 80, name: http, targetPort: 8080}]
+  workloadSelector: {labels: {app: svc-%d}}
+`, i, i, i)
+}
+
+func workloadEntry(i int) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: svc-%d-we, namespace: load}
+spec: {address: %s, labels: {app: svc-%d}}
+`, i, IP(i), i)
+}
+
+// IP is a distinct address for index i.
+func IP(i int) string { return fmt.Sprintf("10.%d.%d.%d", 1+i/65536, i/256%256, i%256) }
+
+// ClusterName is the outbound cluster of service i.
+func ClusterName(i int) string { return fmt.Sprintf("outbound|80||svc-%d.load.svc.cluster.local", i) }
+
+// Loader drives an xdsload process.
+type Loader struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *bufio.Scanner
+}
+
+// LoaderBinary finds xdsload: $WASMESH_BIN_DIR/xdsload when make built it, else go build.
+func LoaderBinary(tmp string) (string, error) {
+	if dir := os.Getenv("WASMESH_BIN_DIR"); dir != "" {
+		p := filepath.Join(dir, "xdsload")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	p := filepath.Join(tmp, "xdsload")
+	cmd := exec.Command("go", "build", "-o", p, "github.com/wasmesh/wasmesh/controlplane/cmd/xdsload")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building xdsload: %v: %s", err, out)
+	}
+	return p, nil
+}
+
+// StartLoader starts proxies clients against addr and waits until all have their config.
+func StartLoader(ctx context.Context, bin, addr string, proxies int, delta bool) (*Loader, error) {
+	args := []string{"--addr", addr, "--proxies", strconv.Itoa(proxies)}
+	if delta {
+		args = append(args, "--delta")
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	l := &Loader{cmd: cmd, stdin: stdin, stdout: bufio.NewScanner(stdout)}
+	line, err := l.line()
+	if err != nil {
+		l.Stop()
+		return nil, err
+	}
+	if line != "ready" {
+		l.Stop()
+		return nil, fmt.Errorf("xdsload: %s", line)
+	}
+	return l, nil
+}
+
+func (l *Loader) line() (string, error) {
+	if !l.stdout.Scan() {
+		if err := l.stdout.Err(); err != nil {
+			return "", err
+		}
+		return "", io.ErrUnexpectedEOF
+	}
+	return l.stdout.Text(), nil
+}
+
+// Wait sends a wait command and returns the time of the last ACK.
+func (l *Loader) Wait(command string) (time.Time, error) {
+	if _, err := fmt.Fprintln(l.stdin, command); err != nil {
+		return time.Time{}, err
+	}
+	line, err := l.line()
+	if err != nil {
+		return time.Time{}, err
+	}
+	f := strings.Fields(line)
+	if len(f) < 2 || f[0] != "done" {
+		return time.Time{}, fmt.Errorf("xdsload: %s", line)
+	}
+	ns, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.Unix(0, ns), nil
+}
+
+// Stop ends the process.
+func (l *Loader) Stop() {
+	_ = l.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = l.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = l.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// ByteCounter is a gRPC stats handler counting the bytes a server writes, the same way for
+// both servers.
+type ByteCounter struct{ n atomic.Int64 }
+
+// Bytes returns the total so far.
+func (c *ByteCounter) Bytes() int64 { return c.n.Load() }
+
+// TagRPC implements stats.Handler.
+func (c *ByteCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+// HandleRPC implements stats.Handler.
+func (c *ByteCounter) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if p, ok := s.(*stats.OutPayload); ok {
+		c.n.Add(int64(p.WireLength))
+	}
+}
+
+// TagConn implements stats.Handler.
+func (c *ByteCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+
+// HandleConn implements stats.Handler.
+func (c *ByteCounter) HandleConn(context.Context, stats.ConnStats) {}
+
+// NodeID is the node id xdsload gives proxy i.
+func NodeID(i int) string {
+	return fmt.Sprintf("sidecar~10.%d.%d.%d~load-%d.load~load.svc.cluster.local", 100+i/65536, i/256%256, i%256, i)
+}

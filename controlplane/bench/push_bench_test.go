@@ -1,0 +1,248 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/mesh"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
+)
+
+// BenchmarkPush: for each scale, discovery and the go-control-plane baseline each serve
+// the same load clients; "change=full" adds a ServiceEntry and waits until every client has
+// ACKed its cluster and endpoints; "change=endpoints" registers a workload and waits until
+// every client has ACKed the new endpoint. Select scales with WASMESH_BENCH_SCALES
+// (e.g. "100x100,1000x2000").
+func BenchmarkPush(b *testing.B) {
+	scales, err := ParseScales(os.Getenv("WASMESH_BENCH_SCALES"))
+	require.NoError(b, err)
+	bin, err := LoaderBinary(b.TempDir())
+	require.NoError(b, err)
+	for _, sc := range scales {
+		b.Run(fmt.Sprintf("services=%d/proxies=%d", sc.Services, sc.Proxies), func(b *testing.B) {
+			b.Run("server=wasmesh", func(b *testing.B) { benchWasmesh(b, bin, sc) })
+			b.Run("server=go-control-plane", func(b *testing.B) { benchBaseline(b, bin, sc) })
+		})
+	}
+}
+
+// usage is a sample of what the benchmark process (the server) has used.
+type usage struct {
+	cpu   time.Duration
+	bytes int64
+}
+
+func sample(bytes *ByteCounter) usage {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return usage{cpu: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), bytes: bytes.Bytes()}
+}
+
+// memory is the live heap plus goroutine stacks after a collection.
+func memory() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc + m.StackInuse
+}
+
+// measure runs change b.N times and reports time to the last ACK, server CPU and bytes.
+func measure(b *testing.B, bytes *ByteCounter, memPerProxy float64, debounce time.Duration, change func(i int) (start, lastAck time.Time)) {
+	var total time.Duration
+	before := sample(bytes)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start, last := change(i)
+		total += last.Sub(start)
+	}
+	b.StopTimer()
+	after := sample(bytes)
+	n := float64(b.N)
+	b.ReportMetric(float64(total.Milliseconds())/n, "ms-to-last-ack")
+	if debounce > 0 {
+		b.ReportMetric(float64((total-time.Duration(b.N)*debounce).Milliseconds())/n, "ms-beyond-debounce")
+	}
+	b.ReportMetric((after.cpu-before.cpu).Seconds()/n, "server-cpu-s/op")
+	b.ReportMetric(float64(after.bytes-before.bytes)/n/(1<<20), "server-MiB-sent/op")
+	b.ReportMetric(memPerProxy/1024, "server-KiB/proxy")
+}
+
+func benchWasmesh(b *testing.B, bin string, sc Scale) {
+	dir := b.TempDir()
+	require.NoError(b, os.WriteFile(filepath.Join(dir, "services.yaml"), []byte(ServiceEntries(sc.Services)), 0o644))
+	bytes := &ByteCounter{}
+	opts := discovery.Options{ConfigDir: dir, GRPCAddr: "127.0.0.1:0", Server: server.Defaults(), WorkloadGracePeriod: time.Minute,
+		ShutdownGrace: time.Second, GRPCOptions: []grpc.ServerOption{grpc.StatsHandler(bytes)}}
+	// Admission control paces reconnect storms; the benchmark measures pushes, not that.
+	opts.Server.ConnectRate = 0
+	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for !d.Server.Ready() {
+		runtime.Gosched()
+	}
+	memBefore := memory()
+	loader, err := StartLoader(ctx, bin, d.GRPCAddr(), sc.Proxies, false)
+	require.NoError(b, err)
+	defer loader.Stop()
+	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)
+	debounce := opts.Server.Debounce.After
+
+	next := sc.Services
+	b.Run("change=full", func(b *testing.B) {
+		measure(b, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
+			i := next
+			next++
+			start := time.Now()
+			// The file watcher picks the new file up, as it would an operator's change.
+			require.NoError(b, os.WriteFile(filepath.Join(dir, fmt.Sprintf("extra-%d.yaml", i)), []byte(ServiceEntry(i)+"---\n"+workloadEntry(i)), 0o644))
+			last, err := loader.Wait("cluster " + ClusterName(i))
+			require.NoError(b, err)
+			return start, last
+		})
+	})
+	seq := 0
+	b.Run("change=endpoints", func(b *testing.B) {
+		measure(b, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
+			seq++
+			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
+			start := time.Now()
+			d.Entries.SetWorkload(&model.Workload{Name: fmt.Sprintf("auto-%d", seq), Namespace: "load", Labels: map[string]string{"app": "svc-0"}, IPs: []string{ip}})
+			last, err := loader.Wait(fmt.Sprintf("endpoint %s %s", ClusterName(0), ip))
+			require.NoError(b, err)
+			return start, last
+		})
+	})
+}
+
+// baseline generates the resources with discovery's generators (one shared view, as every
+// load client looks the same) and serves them from a go-control-plane SnapshotCache.
+type baseline struct {
+	reg     *registry.ServiceEntries
+	configs []*config.Config
+	proxy   *model.Proxy
+	cache   cachev3.SnapshotCache
+	nodes   int
+	snap    *push.Snapshot
+	seq     int
+}
+
+func (bl *baseline) resources(full bool, hosts map[string]struct{}) *cachev3.Snapshot {
+	bl.seq++
+	if full || bl.snap == nil {
+		bl.snap = push.Build(fmt.Sprint(bl.seq), mesh.Default(), config.NewIndex(bl.configs), bl.reg)
+	} else {
+		bl.snap = bl.snap.WithEndpoints(fmt.Sprint(bl.seq), bl.reg, hosts)
+	}
+	dump := xds.Dump(xds.NewView(bl.snap, bl.proxy))
+	s := &cachev3.Snapshot{}
+	for typ, idx := range map[string]types.ResponseType{xds.ClusterType: types.Cluster, xds.EndpointType: types.Endpoint, xds.ListenerType: types.Listener, xds.RouteType: types.Route} {
+		items := make([]types.Resource, 0, len(dump[typ].Items))
+		for _, r := range dump[typ].Items {
+			items = append(items, r.Message)
+		}
+		// A version per type (the set's hash) so unchanged types are not resent: the
+		// baseline used as its authors intend.
+		s.Resources[idx] = cachev3.NewResources(fmt.Sprintf("%x", dump[typ].Hash), items)
+	}
+	return s
+}
+
+func (bl *baseline) set(s *cachev3.Snapshot) {
+	for i := 0; i < bl.nodes; i++ {
+		if err := bl.cache.SetSnapshot(context.Background(), NodeID(i), s); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func benchBaseline(b *testing.B, bin string, sc Scale) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bl := &baseline{reg: registry.NewServiceEntries(log, metrics.New(prometheus.NewRegistry())), nodes: sc.Proxies,
+		cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
+	for _, d := range config.ParseFile("services.yaml", []byte(ServiceEntries(sc.Services))) {
+		require.Nil(b, d.Err)
+		bl.configs = append(bl.configs, d.Config)
+	}
+	bl.reg.SetConfigs(bl.configs)
+	md, _ := structpb.NewStruct(map[string]any{"NAMESPACE": "load"})
+	p, err := model.ParseNode(&core.Node{Id: NodeID(0), Metadata: md})
+	require.NoError(b, err)
+	bl.proxy = p
+	bl.set(bl.resources(true, nil))
+
+	bytes := &ByteCounter{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g := grpc.NewServer(grpc.StatsHandler(bytes), grpc.MaxConcurrentStreams(100000))
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(ctx, bl.cache, nil))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+
+	memBefore := memory()
+	loader, err := StartLoader(ctx, bin, lis.Addr().String(), sc.Proxies, false)
+	require.NoError(b, err)
+	defer loader.Stop()
+	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)
+
+	next := sc.Services
+	b.Run("change=full", func(b *testing.B) {
+		measure(b, bytes, memPerProxy, 0, func(int) (time.Time, time.Time) {
+			i := next
+			next++
+			start := time.Now()
+			for _, d := range config.ParseFile("extra.yaml", []byte(ServiceEntry(i)+"---\n"+workloadEntry(i))) {
+				bl.configs = append(bl.configs, d.Config)
+			}
+			bl.reg.SetConfigs(bl.configs)
+			bl.set(bl.resources(true, nil))
+			last, err := loader.Wait("cluster " + ClusterName(i))
+			require.NoError(b, err)
+			return start, last
+		})
+	})
+	seq := 0
+	b.Run("change=endpoints", func(b *testing.B) {
+		measure(b, bytes, memPerProxy, 0, func(int) (time.Time, time.Time) {
+			seq++
+			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
+			start := time.Now()
+			bl.reg.SetWorkload(&model.Workload{Name: fmt.Sprintf("auto-%d", seq), Namespace: "load", Labels: map[string]string{"app": "svc-0"}, IPs: []string{ip}})
+			bl.set(bl.resources(false, map[string]struct{}{"svc-0.load.svc.cluster.local": {}}))
+			last, err := loader.Wait(fmt.Sprintf("endpoint %s %s", ClusterName(0), ip))
+			require.NoError(b, err)
+			return start, last
+		})
+	})
+}

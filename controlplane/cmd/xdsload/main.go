@@ -1,0 +1,208 @@
+// Command xdsload connects many ADS clients (thin proxies) to an xDS server and reports
+// convergence for the push benchmark. It reads commands on stdin and answers on stdout:
+//
+//	ready                      printed once every client has CDS, EDS, LDS and RDS
+//	cluster <name>             wait until every client has the cluster and its endpoints
+//	endpoint <cluster> <addr>  wait until every client's assignment for cluster has addr
+//
+// Each wait answers "done <unix-nanos of the last ACK> <clients>" or "error <message>".
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/wasmesh/wasmesh/controlplane/adsc"
+	"github.com/wasmesh/wasmesh/controlplane/bench"
+)
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	addr    string
+	proxies int
+	delta   bool
+	timeout time.Duration
+	dialers int
+}
+
+func newCommand() *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:          "xdsload",
+		Short:        "many thin ADS clients against an xDS server, driven over stdin/stdout",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd.Context(), o, os.Stdin, os.Stdout)
+		},
+	}
+	cmd.Flags().StringVar(&o.addr, "addr", "127.0.0.1:15010", "xDS server address")
+	cmd.Flags().IntVar(&o.proxies, "proxies", 100, "number of proxies (one gRPC connection each)")
+	cmd.Flags().BoolVar(&o.delta, "delta", false, "use delta xDS")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
+	cmd.Flags().IntVar(&o.dialers, "dialers", 50, "connections opened concurrently")
+	return cmd
+}
+
+type proxy struct {
+	cc *grpc.ClientConn
+	c  *adsc.Client
+}
+
+func run(ctx context.Context, o options, in *os.File, out *os.File) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	proxies := make([]*proxy, o.proxies)
+	var wg sync.WaitGroup
+	errs := make(chan error, o.proxies)
+	sem := make(chan struct{}, o.dialers)
+	for i := range proxies {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			p, err := connect(ctx, o, i)
+			if err != nil {
+				errs <- err
+				return
+			}
+			proxies[i] = p
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		fmt.Fprintf(out, "error %v\n", err)
+		return err
+	}
+	defer func() {
+		for _, p := range proxies {
+			p.cc.Close()
+		}
+	}()
+	if _, err := waitAll(ctx, o, proxies, func(c *adsc.Client) bool {
+		return c.Count(adsc.ClusterType) > 0 && c.Count(adsc.ListenerType) > 0 &&
+			c.Count(adsc.EndpointType) == c.Subscribed(adsc.EndpointType) && c.Count(adsc.RouteType) == c.Subscribed(adsc.RouteType)
+	}, ""); err != nil {
+		fmt.Fprintf(out, "error %v\n", err)
+		return err
+	}
+	for _, p := range proxies {
+		p.c.TrimLog()
+	}
+	fmt.Fprintln(out, "ready")
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		var cond func(*adsc.Client) bool
+		ackType := adsc.EndpointType
+		switch {
+		case len(f) == 2 && f[0] == "cluster":
+			name := f[1]
+			cond = func(c *adsc.Client) bool { return c.Has(adsc.ClusterType, name) && c.Has(adsc.EndpointType, name) }
+		case len(f) == 3 && f[0] == "endpoint":
+			cluster, addr := f[1], f[2]
+			cond = func(c *adsc.Client) bool { return hasEndpoint(c, cluster, addr) }
+		default:
+			fmt.Fprintf(out, "error unknown command %q\n", sc.Text())
+			continue
+		}
+		last, err := waitAll(ctx, o, proxies, cond, ackType)
+		if err != nil {
+			fmt.Fprintf(out, "error %v\n", err)
+			continue
+		}
+		for _, p := range proxies {
+			p.c.TrimLog()
+		}
+		fmt.Fprintf(out, "done %d %d\n", last.UnixNano(), len(proxies))
+	}
+	return sc.Err()
+}
+
+func connect(ctx context.Context, o options, i int) (*proxy, error) {
+	cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		return nil, err
+	}
+	md, _ := structpb.NewStruct(map[string]any{"NAMESPACE": "load", "ISTIO_VERSION": "load"})
+	node := &core.Node{Id: bench.NodeID(i), Metadata: md, Cluster: "load.load"}
+	c, err := adsc.Dial(ctx, cc, adsc.Config{Node: node, Delta: o.delta, Thin: true})
+	if err != nil {
+		cc.Close()
+		return nil, err
+	}
+	return &proxy{cc: cc, c: c}, nil
+}
+
+// waitAll waits for cond on every client and returns the latest ACK among them of ackType
+// (or now, when ackType is empty).
+func waitAll(ctx context.Context, o options, proxies []*proxy, cond func(*adsc.Client) bool, ackType string) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	var mu sync.Mutex
+	var last time.Time
+	var firstErr error
+	var wg sync.WaitGroup
+	for _, p := range proxies {
+		wg.Add(1)
+		go func(c *adsc.Client) {
+			defer wg.Done()
+			err := c.Wait(ctx, cond)
+			t := time.Now()
+			if ackType != "" {
+				t = c.LastAck(ackType)
+				if ct := c.LastAck(adsc.ClusterType); ct.After(t) {
+					t = ct
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			if t.After(last) {
+				last = t
+			}
+		}(p.c)
+	}
+	wg.Wait()
+	return last, firstErr
+}
+
+func hasEndpoint(c *adsc.Client, cluster, addr string) bool {
+	var cla endpoint.ClusterLoadAssignment
+	if !c.Resource(adsc.EndpointType, cluster, &cla) {
+		return false
+	}
+	for _, l := range cla.GetEndpoints() {
+		for _, e := range l.GetLbEndpoints() {
+			if e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress() == addr {
+				return true
+			}
+		}
+	}
+	return false
+}
