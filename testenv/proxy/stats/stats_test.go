@@ -58,3 +58,26 @@ func TestPrometheusAndMatcher(t *testing.T) {
 	assert.Contains(t, out, "reporter___source___istio_requests_total 2", "without a stats tag the encoded name stays in the metric name")
 	assert.NotContains(t, out, "server_excluded", "the inclusion list drops other stats")
 }
+
+// Istio's bootstrap has tag regexes with ECMAScript look-aheads (Envoy runs them on
+// std::regex); they must compile and extract as in Envoy.
+func TestTagRegexWithLookAhead(t *testing.T) {
+	tags, err := NewTagExtractor(&metricsv3.StatsConfig{StatsTags: []*metricsv3.TagSpecifier{
+		{TagName: "http_conn_manager_listener_prefix", TagValue: &metricsv3.TagSpecifier_Regex{
+			Regex: `^listener(?=\.).*?\.http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)`}},
+		{TagName: "ünï", TagValue: &metricsv3.TagSpecifier_Regex{Regex: `(?<=x)(ü=(.*?);)`}},
+	}})
+	require.NoError(t, err)
+	got, gotTags := tags.Extract("listener.10.0.0.1_80.http.10.0.0.1_80.downstream_rq_total")
+	assert.Equal(t, "listener.http.downstream_rq_total", got) // and envoy.listener_address
+	assert.Contains(t, gotTags, Tag{"http_conn_manager_listener_prefix", "10.0.0.1_80"})
+
+	// Offsets are bytes even where the name has multi-byte runes before the match.
+	got, gotTags = tags.Extract("ñxü=vé;rest")
+	assert.Equal(t, "ñxrest", got)
+	assert.Contains(t, gotTags, Tag{"ünï", "vé"})
+
+	_, err = NewTagExtractor(&metricsv3.StatsConfig{StatsTags: []*metricsv3.TagSpecifier{
+		{TagName: "bad", TagValue: &metricsv3.TagSpecifier_Regex{Regex: `(?=(unclosed`}}}})
+	assert.ErrorContains(t, err, "stats_tags[0] (bad)")
+}

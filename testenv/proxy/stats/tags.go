@@ -5,7 +5,10 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
+	"unicode/utf8"
 
+	"github.com/dlclark/regexp2"
 	metricsv3 "github.com/envoyproxy/go-control-plane/envoy/config/metrics/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 )
@@ -14,9 +17,63 @@ import (
 type Tag struct{ Name, Value string }
 
 type tagRule struct {
-	name  string
-	re    *regexp.Regexp
-	fixed string
+	name string
+	re   submatcher
+}
+
+// submatcher finds the leftmost match of a tag regex, as FindStringSubmatchIndex reports it.
+type submatcher interface {
+	FindStringSubmatchIndex(s string) []int
+}
+
+// compileTagRegex compiles a stats_tags regex. Envoy evaluates them with std::regex
+// (ECMAScript), and Istio's bootstrap uses its look-aheads, which RE2 lacks: a regex RE2
+// accepts runs on RE2 (same leftmost-first result, much faster), any other on an
+// ECMAScript engine.
+func compileTagRegex(expr string) (submatcher, int, error) {
+	if re, err := regexp.Compile(expr); err == nil {
+		return re, re.NumSubexp(), nil
+	}
+	// std::regex's ECMAScript grammar has POSIX classes inside brackets; regexp2's has not.
+	re, err := regexp2.Compile(posixClasses.Replace(expr), regexp2.ECMAScript)
+	if err != nil {
+		return nil, 0, err
+	}
+	re.MatchTimeout = time.Second // a pathological regex cannot hang the stats page
+	return ecmaRegex{re}, len(re.GetGroupNumbers()) - 1, nil
+}
+
+var posixClasses = strings.NewReplacer("[:digit:]", "0-9", "[:alpha:]", "a-zA-Z", "[:alnum:]", "a-zA-Z0-9",
+	"[:upper:]", "A-Z", "[:lower:]", "a-z", "[:space:]", `\s`, "[:xdigit:]", "0-9a-fA-F")
+
+type ecmaRegex struct{ re *regexp2.Regexp }
+
+// FindStringSubmatchIndex converts regexp2's rune offsets into byte offsets.
+func (e ecmaRegex) FindStringSubmatchIndex(s string) []int {
+	m, err := e.re.FindStringMatch(s)
+	if err != nil || m == nil {
+		return nil
+	}
+	groups := m.Groups()
+	idx := make([]int, 2*len(groups))
+	for i, g := range groups {
+		if len(g.Captures) == 0 {
+			idx[2*i], idx[2*i+1] = -1, -1
+			continue
+		}
+		from := byteOffset(s, g.Index)
+		idx[2*i], idx[2*i+1] = from, from+len(string([]rune(s[from:])[:g.Length]))
+	}
+	return idx
+}
+
+func byteOffset(s string, runes int) int {
+	off := 0
+	for i := 0; i < runes && off < len(s); i++ {
+		_, n := utf8.DecodeRuneInString(s[off:])
+		off += n
+	}
+	return off
 }
 
 // TagExtractor turns a stat name into a tag-extracted name and tags, Envoy's way: every
@@ -70,11 +127,11 @@ func NewTagExtractor(cfg *metricsv3.StatsConfig) (*TagExtractor, error) {
 		case *metricsv3.TagSpecifier_FixedValue:
 			t.fixed = append(t.fixed, Tag{Name: name, Value: v.FixedValue})
 		case *metricsv3.TagSpecifier_Regex:
-			re, err := regexp.Compile(v.Regex)
+			re, groups, err := compileTagRegex(v.Regex)
 			if err != nil {
 				return nil, fmt.Errorf("stats_config.stats_tags[%d] (%s): regex: %w", i, name, err)
 			}
-			if re.NumSubexp() < 1 {
+			if groups < 1 {
 				return nil, fmt.Errorf("stats_config.stats_tags[%d] (%s): regex %q has no capture group", i, name, v.Regex)
 			}
 			t.rules = append(t.rules, tagRule{name: name, re: re})
