@@ -55,7 +55,8 @@ func Run(ctx context.Context, o Options) error {
 				return nil
 			}
 			last = resp.Status
-		} else {
+		} else if ctx.Err() == nil {
+			// An attempt cut short by the overall deadline says nothing new.
 			last = err.Error()
 		}
 		select {

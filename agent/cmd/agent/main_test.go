@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/agent/internal/proxytest"
+)
+
+var agentBinary, proxyBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "agent-cmd-")
+	if err == nil {
+		agentBinary, err = proxytest.BuildPackage(dir, "github.com/wasmesh/wasmesh/agent/cmd/agent", "agent")
+	}
+	if err == nil {
+		proxyBinary, err = proxytest.Build(dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// runAgent runs the agent binary to completion.
+func runAgent(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(agentBinary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return code, out.String(), errb.String()
+}
+
+func TestVersion(t *testing.T) {
+	code, out, _ := runAgent(t, nil, "version")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out, "agent version")
+}
+
+func TestWaitSucceedsOnceReady(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) < 3 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	code, _, errOut := runAgent(t, nil, "wait", "--url", srv.URL+"/healthz/ready", "--periodMillis", "20", "--timeoutSeconds", "10")
+	assert.Equal(t, 0, code, errOut)
+	assert.Contains(t, errOut, "ready after")
+	assert.GreaterOrEqual(t, calls.Load(), int32(3))
+}
+
+func TestWaitTimesOut(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "proxy is INITIALIZING", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	start := time.Now()
+	code, _, errOut := runAgent(t, nil, "wait", "--url", srv.URL, "--periodMillis", "50", "--timeoutSeconds", "1", "--requestTimeoutMillis", "200")
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, errOut, "not ready after 1s")
+	assert.Contains(t, errOut, "503")
+	assert.GreaterOrEqual(t, time.Since(start), time.Second)
+}
+
+func TestRequest(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", r.Method, r.URL.RequestURI())
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	code, out, errOut := runAgent(t, nil, "request", "POST", "/drain_listeners?inboundonly&graceful", "--adminAddress", addr)
+	assert.Equal(t, 0, code, errOut)
+	assert.Equal(t, "POST /drain_listeners?inboundonly&graceful", out)
+	code, _, errOut = runAgent(t, nil, "request", "DELETE", "/x", "--adminAddress", addr)
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, errOut, "DELETE")
+}
+
+func TestBadInputExitsNonZeroNamingIt(t *testing.T) {
+	podDir := t.TempDir()
+	base := []string{"POD_NAME=web-1", "POD_NAMESPACE=shop", "INSTANCE_IP=127.0.0.1"}
+	cases := map[string]struct {
+		env  []string
+		args []string
+		want string
+	}{
+		"PROXY_CONFIG":   {env: []string{"PROXY_CONFIG=concurrency: [1"}, want: "PROXY_CONFIG"},
+		"missing binary": {args: []string{"--binaryPath", "/nonexistent/envoy"}, want: "--binaryPath"},
+		"bad annotation": {env: []string{"ISTIO_META_INTERCEPTION_MODE=SIDEWAYS"}, want: "ISTIO_META_INTERCEPTION_MODE"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			args := append([]string{"proxy", "sidecar", "--podInfoDir", podDir, "--configPath", t.TempDir(), "--binaryPath", proxyBinary}, c.args...)
+			code, _, errOut := runAgent(t, append(base, c.env...), args...)
+			assert.NotEqual(t, 0, code)
+			assert.Contains(t, errOut, c.want)
+		})
+	}
+}
+
+// TestSidecarProcessStartsWaitsAndStops runs the agent binary as a pod would: start,
+// `agent wait` on the proxy's readiness listener, SIGTERM, clean exit.
+func TestSidecarProcessStartsWaitsAndStops(t *testing.T) {
+	proxytest.RequireKnobs(t)
+	ip := proxytest.Loopback(t, 15000, 15020, 15021, 15090)
+	dir := t.TempDir()
+	cmd := exec.Command(agentBinary, "proxy", "sidecar", "--binaryPath", proxyBinary,
+		"--configPath", filepath.Join(dir, "proxy"), "--podInfoDir", dir, "--certDir", dir,
+		"--discoveryAddress", "127.0.0.1:15010", "--drainDuration", "1s")
+	cmd.Env = append(os.Environ(), "POD_NAME=web-1", "POD_NAMESPACE=shop", "INSTANCE_IP="+ip,
+		"WASMESH_LOCALHOST="+ip, "WASMESH_WILDCARD="+ip, "TESTPROXY_CONFIG_ON_START=1",
+		`PROXY_CONFIG={"terminationDrainDuration":"0.2s"}`)
+	var logs bytes.Buffer
+	cmd.Stderr, cmd.Stdout = &logs, &logs
+	// The proxy inherits the output pipe; do not wait on it forever if it outlives the agent.
+	cmd.WaitDelay = 2 * time.Second
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+
+	code, _, errOut := runAgent(t, nil, "wait", "--url", "http://"+ip+":15021/healthz/ready", "--periodMillis", "50", "--timeoutSeconds", "20")
+	require.Equal(t, 0, code, errOut+"\nagent logs:\n"+logs.String())
+	require.FileExists(t, filepath.Join(dir, "proxy", "envoy-rev0.json"))
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		stopped = true
+		assert.NoError(t, err, logs.String())
+	case <-time.After(15 * time.Second):
+		t.Fatal("agent did not stop on SIGTERM\n" + logs.String())
+	}
+	assert.Contains(t, logs.String(), "graceful termination period complete")
+	assert.NoFileExists(t, filepath.Join(dir, "proxy", "envoy-rev0.json"), "the epoch's bootstrap is cleaned up")
+}
