@@ -1,0 +1,292 @@
+// Package localmesh runs the mesh on one machine, on loopback only: discovery, and for each
+// pod the sidecar trio a Kubernetes pod has (agent → proxy → application), with pod labels
+// and annotations in downward-API files. There is no traffic capture (Istio's
+// captureMode NONE): each pod has its own loopback pod IP, where the proxy's inbound
+// listeners are, and its own private "localhost", where the application and the proxy's
+// outbound listeners and admin are (docs/contracts.md). It is what `make run` starts and
+// what the end-to-end tests build their meshes with.
+package localmesh
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"text/template"
+	"time"
+)
+
+// Options configure a mesh.
+type Options struct {
+	// BinDir holds discovery, agent, meshproxy and echo; default $WASMESH_BIN_DIR.
+	BinDir string
+	// WasmDir holds the filters' .wasm; default $WASMESH_WASM_DIR. Config files can refer
+	// to it as {{.WasmDir}}.
+	WasmDir string
+	// Dir is where the mesh keeps its config, pods and logs; default a new temp dir,
+	// removed by Close.
+	Dir string
+	// Proxy is "meshproxy" (the default) or "envoy" (from PATH); default $MESH_PROXY.
+	Proxy string
+	// ConfigDir is copied into the mesh's config directory, each file rendered as a Go
+	// template with {{.WasmDir}}; Config adds files by name.
+	ConfigDir string
+	Config    map[string]string
+	// DiscoveryEnv is added to discovery's environment (PILOT_DEBOUNCE_AFTER, ...).
+	DiscoveryEnv []string
+	// Logf reports progress; nil is silent.
+	Logf func(format string, args ...any)
+}
+
+// Mesh is a running local mesh.
+type Mesh struct {
+	opts      Options
+	ownDir    bool
+	configDir string
+	net       byte // second octet of every pod address
+	grpcAddr  string
+	httpAddr  string
+	proxyBin  string
+
+	mu        sync.Mutex
+	discovery *Process
+	pods      []*Pod
+	podSeq    int
+}
+
+// Start renders the config, starts discovery and waits until it is ready.
+func Start(ctx context.Context, opts Options) (*Mesh, error) {
+	if opts.BinDir == "" {
+		opts.BinDir = os.Getenv("WASMESH_BIN_DIR")
+	}
+	if opts.WasmDir == "" {
+		opts.WasmDir = os.Getenv("WASMESH_WASM_DIR")
+	}
+	if opts.Proxy == "" {
+		opts.Proxy = os.Getenv("MESH_PROXY")
+	}
+	if opts.Proxy == "" {
+		opts.Proxy = "meshproxy"
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	m := &Mesh{opts: opts, net: byte(30 + rand.IntN(60))}
+	if err := m.findBinaries(); err != nil {
+		return nil, err
+	}
+	if m.opts.Dir == "" {
+		d, err := os.MkdirTemp("", "wasmesh-")
+		if err != nil {
+			return nil, err
+		}
+		m.opts.Dir, m.ownDir = d, true
+	}
+	m.configDir = filepath.Join(m.opts.Dir, "config")
+	if err := os.MkdirAll(m.configDir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := m.renderConfig(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	grpc, err := freePort("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	httpPort, err := freePort("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	m.grpcAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(grpc))
+	m.httpAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort))
+	if err := m.StartDiscovery(ctx); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Mesh) findBinaries() error {
+	if m.opts.BinDir == "" {
+		return errors.New("localmesh: no binary directory: set WASMESH_BIN_DIR or run `make build`")
+	}
+	for _, b := range []string{"discovery", "agent", "echo"} {
+		if _, err := os.Stat(filepath.Join(m.opts.BinDir, b)); err != nil {
+			return fmt.Errorf("localmesh: %s is missing in %s (run `make build`): %w", b, m.opts.BinDir, err)
+		}
+	}
+	switch m.opts.Proxy {
+	case "meshproxy":
+		m.proxyBin = filepath.Join(m.opts.BinDir, "meshproxy")
+		if _, err := os.Stat(m.proxyBin); err != nil {
+			return fmt.Errorf("localmesh: meshproxy is missing in %s (run `make build`): %w", m.opts.BinDir, err)
+		}
+	case "envoy":
+		p, err := exec.LookPath("envoy")
+		if err != nil {
+			return fmt.Errorf("localmesh: MESH_PROXY=envoy but there is no envoy on PATH: %w", err)
+		}
+		m.proxyBin = p
+	default:
+		return fmt.Errorf("localmesh: proxy %q is neither meshproxy nor envoy", m.opts.Proxy)
+	}
+	return nil
+}
+
+// ProxyName is the proxy the pods run ("meshproxy" or "envoy").
+func (m *Mesh) ProxyName() string { return m.opts.Proxy }
+
+// Dir is the mesh's directory (config/, pods/, logs/).
+func (m *Mesh) Dir() string { return m.opts.Dir }
+
+// ConfigDir is the directory discovery watches.
+func (m *Mesh) ConfigDir() string { return m.configDir }
+
+// DiscoveryURL is the URL of path on discovery's debug HTTP server.
+func (m *Mesh) DiscoveryURL(path string) string { return "http://" + m.httpAddr + path }
+
+// DiscoveryAddress is discovery's xDS gRPC address.
+func (m *Mesh) DiscoveryAddress() string { return m.grpcAddr }
+
+func (m *Mesh) renderConfig() error {
+	files := map[string]string{}
+	if m.opts.ConfigDir != "" {
+		entries, err := os.ReadDir(m.opts.ConfigDir)
+		if err != nil {
+			return fmt.Errorf("localmesh: config dir: %w", err)
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(m.opts.ConfigDir, e.Name()))
+			if err != nil {
+				return err
+			}
+			files[e.Name()] = string(b)
+		}
+	}
+	for k, v := range m.opts.Config {
+		files[k] = v
+	}
+	names := make([]string, 0, len(files))
+	for k := range files {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if err := m.WriteConfig(n, files[n]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteConfig renders content (a Go template with {{.WasmDir}}) and replaces the config
+// file name atomically, as an editor saving a file does; discovery picks it up.
+func (m *Mesh) WriteConfig(name, content string) error {
+	t, err := template.New(name).Option("missingkey=error").Parse(content)
+	if err != nil {
+		return fmt.Errorf("localmesh: config %s: %w", name, err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, map[string]string{"WasmDir": m.opts.WasmDir}); err != nil {
+		return fmt.Errorf("localmesh: config %s: %w", name, err)
+	}
+	tmp := filepath.Join(m.configDir, "."+name+".tmp")
+	if err := os.WriteFile(tmp, b.Bytes(), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(m.configDir, name))
+}
+
+// RemoveConfig deletes a config file.
+func (m *Mesh) RemoveConfig(name string) error {
+	return os.Remove(filepath.Join(m.configDir, name))
+}
+
+// StartDiscovery starts discovery (again, after StopDiscovery) and waits until it is ready.
+func (m *Mesh) StartDiscovery(ctx context.Context) error {
+	env := append([]string{"PILOT_DEBOUNCE_AFTER=100ms"}, m.opts.DiscoveryEnv...)
+	p, err := startProcess("discovery", filepath.Join(m.opts.Dir, "logs"), filepath.Join(m.opts.BinDir, "discovery"),
+		[]string{"--configDir", m.configDir, "--grpcAddr", m.grpcAddr, "--httpAddr", m.httpAddr,
+			"--workloadEntryGracePeriod", "3s"}, env)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.discovery = p
+	m.mu.Unlock()
+	if err := waitFor(ctx, p, "discovery to be ready", func() error { return httpOK(m.DiscoveryURL("/ready")) }); err != nil {
+		return err
+	}
+	m.opts.Logf("discovery ready: xDS on %s, debug on http://%s", m.grpcAddr, m.httpAddr)
+	return nil
+}
+
+// StopDiscovery stops discovery gracefully (its proxies keep their last config).
+func (m *Mesh) StopDiscovery(ctx context.Context) error {
+	m.mu.Lock()
+	p := m.discovery
+	m.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	return p.Stop(ctx)
+}
+
+// Pods returns the pods started so far, stopped ones included.
+func (m *Mesh) Pods() []*Pod {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]*Pod(nil), m.pods...)
+}
+
+// Close stops every pod and discovery, leaving no process behind, and removes the mesh's
+// directory if Start made it.
+func (m *Mesh) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, p := range m.Pods() {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = p.Stop(ctx) }()
+	}
+	wg.Wait()
+	_ = m.StopDiscovery(ctx)
+	if m.ownDir && os.Getenv("WASMESH_KEEP_MESH_DIR") == "" {
+		_ = os.RemoveAll(m.opts.Dir)
+	}
+}
+
+func httpOK(url string) error {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+func freePort(ip string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
