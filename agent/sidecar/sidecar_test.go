@@ -30,22 +30,7 @@ import (
 
 var proxyBinary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "agent-sidecar-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	proxyBinary, err = proxytest.Build(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(proxytest.Main(m, &proxyBinary)) }
 
 // pod describes one test pod; the agent runs in-process, the proxy as a real process.
 type pod struct {

@@ -26,22 +26,7 @@ import (
 
 var proxyBinary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "agent-supervisor-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	proxyBinary, err = proxytest.Build(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(proxytest.Main(m, &proxyBinary)) }
 
 type rig struct {
 	sup    *supervisor.Supervisor

@@ -105,3 +105,19 @@ func Bootstrap(ip string) func() ([]byte, error) {
 		return bootstrap.DefaultTemplate().Render(p, nil, "")
 	}
 }
+
+// Main is a TestMain body: it builds the proxy into a temporary directory, stores its
+// path in *binary, runs the tests and removes the directory.
+func Main(m *testing.M, binary *string) int {
+	dir, err := os.MkdirTemp("", "agent-proxytest-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if *binary, err = Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
