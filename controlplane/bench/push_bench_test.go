@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"syscall"
 	"testing"
 	"time"
@@ -66,6 +67,8 @@ func sample(bytes *ByteCounter) usage {
 
 // memory is the live heap plus goroutine stacks after a collection.
 func memory() uint64 {
+	// Twice: pooled buffers survive one collection in sync.Pool's victim cache.
+	runtime.GC()
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
@@ -115,6 +118,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale) {
 	require.NoError(b, err)
 	defer loader.Stop()
 	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)
+	writeHeapProfile(b, "wasmesh", sc)
 	debounce := opts.Server.Debounce.After
 
 	next := sc.Services
@@ -245,4 +249,17 @@ func benchBaseline(b *testing.B, bin string, sc Scale) {
 			return start, last
 		})
 	})
+}
+
+// writeHeapProfile saves the live heap with all proxies connected when
+// WASMESH_BENCH_HEAPPROFILE names a directory.
+func writeHeapProfile(b *testing.B, server string, sc Scale) {
+	dir := os.Getenv("WASMESH_BENCH_HEAPPROFILE")
+	if dir == "" {
+		return
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("heap-%s-%dx%d.pprof", server, sc.Services, sc.Proxies)))
+	require.NoError(b, err)
+	defer f.Close()
+	require.NoError(b, pprof.WriteHeapProfile(f))
 }

@@ -40,7 +40,7 @@ type Connection struct {
 // watch is the state of one resource type on one connection.
 type watch struct {
 	wildcard bool
-	names    map[string]struct{}
+	sub      *subscription // named types; nil for wildcard
 	// known is what the proxy has been sent, as far as the server knows: the base for
 	// skipping unchanged types and for delta diffs.
 	known *xds.Resources
@@ -80,7 +80,7 @@ func (c *Connection) SyncStatus() []TypeStatus {
 		}
 		st := TypeStatus{Type: xds.ShortType(typ), VersionSent: w.versionSent, NonceSent: w.nonceSent,
 			VersionAcked: w.versionAcked, NonceAcked: w.nonceAcked, VersionNacked: w.nackVersion, NackError: w.nackError,
-			Sent: w.sent, Acks: w.acks, Nacks: w.nacks, Subscribed: len(w.names)}
+			Sent: w.sent, Acks: w.acks, Nacks: w.nacks, Subscribed: w.sub.len()}
 		if w.known != nil {
 			st.Resources = len(w.known.Items)
 		}
@@ -122,7 +122,7 @@ func (c *Connection) watchesAnyHost(snap *push.Snapshot, hosts map[string]struct
 	}
 	for h := range hosts {
 		for _, n := range xds.EDSClusterNames(snap, h) {
-			if _, ok := w.names[n]; ok {
+			if w.sub.has(n) {
 				return true
 			}
 		}
@@ -141,7 +141,7 @@ func (c *Connection) edsNames(snap *push.Snapshot, hosts map[string]struct{}) []
 	var out []string
 	for h := range hosts {
 		for _, n := range xds.EDSClusterNames(snap, h) {
-			if _, ok := w.names[n]; ok {
+			if w.sub.has(n) {
 				out = append(out, n)
 			}
 		}
@@ -150,16 +150,14 @@ func (c *Connection) edsNames(snap *push.Snapshot, hosts map[string]struct{}) []
 	return out
 }
 
-func (c *Connection) subscribed(w *watch) []string {
-	if w.wildcard {
-		return nil
+// subscribe replaces a watch's subscription (caller holds c.mu).
+func (c *Connection) subscribe(w *watch, names []string) {
+	old := w.sub
+	w.sub = c.srv.subs.acquire(names)
+	c.srv.subs.release(old)
+	if w.known != nil {
+		w.known = xds.Select(w.known, w.sub.set)
 	}
-	out := make([]string, 0, len(w.names))
-	for n := range w.names {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
 }
 
 var errSendTimeout = errors.New("send timed out")
@@ -261,6 +259,12 @@ func (s *Server) newConnection(ctx context.Context, node *core.Node, delta bool)
 
 func (s *Server) closeConnection(c *Connection) {
 	close(c.stopped)
+	c.mu.Lock()
+	for _, w := range c.watches {
+		s.subs.release(w.sub)
+		w.sub = nil
+	}
+	c.mu.Unlock()
 	s.queue.Remove(c)
 	s.removeConnection(c)
 }

@@ -78,7 +78,7 @@ func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_
 	w := c.watches[typ]
 	initial := w == nil
 	if initial {
-		w = &watch{names: map[string]struct{}{}}
+		w = &watch{}
 		c.watches[typ] = w
 		w.wildcard = xds.Wildcard(typ) && (len(r.GetResourceNamesSubscribe()) == 0 || contains(r.GetResourceNamesSubscribe(), "*"))
 		// A reconnecting proxy says what it has; resources at the same version are not resent.
@@ -100,34 +100,34 @@ func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_
 	}
 	changedSubs := false
 	c.mu.Lock()
-	for _, n := range r.GetResourceNamesSubscribe() {
-		if n == "*" {
-			continue
-		}
-		if _, ok := w.names[n]; !ok {
-			w.names[n] = struct{}{}
-			changedSubs = true
-		}
-	}
-	var unsub map[string]struct{}
-	for _, n := range r.GetResourceNamesUnsubscribe() {
-		if _, ok := w.names[n]; ok {
-			delete(w.names, n)
-			if unsub == nil {
-				unsub = map[string]struct{}{}
-			}
-			unsub[n] = struct{}{}
-		}
-	}
-	if unsub != nil && w.known != nil {
-		// The proxy dropped these; forget them so they are not reported as removed.
-		keep := map[string]struct{}{}
-		for _, it := range w.known.Items {
-			if _, gone := unsub[it.Name]; !gone {
-				keep[it.Name] = struct{}{}
+	if !w.wildcard {
+		names := append([]string(nil), w.sub.namesOrNil()...)
+		drop := map[string]bool{}
+		for _, n := range r.GetResourceNamesUnsubscribe() {
+			if w.sub.has(n) {
+				drop[n] = true
 			}
 		}
-		w.known = xds.Select(w.known, keep)
+		if len(drop) > 0 {
+			kept := names[:0]
+			for _, n := range names {
+				if !drop[n] {
+					kept = append(kept, n)
+				}
+			}
+			names = kept
+		}
+		for _, n := range r.GetResourceNamesSubscribe() {
+			if n != "*" && !w.sub.has(n) {
+				names = append(names, n)
+				changedSubs = true
+			}
+		}
+		if changedSubs || len(drop) > 0 || w.sub == nil {
+			// Forgetting unsubscribed names in known (subscribe does) keeps them from being
+			// reported as removed.
+			c.subscribe(w, names)
+		}
 	}
 	c.mu.Unlock()
 	if !initial && !changedSubs {
@@ -179,10 +179,12 @@ func (c *Connection) pushDelta(stream discovery.AggregatedDiscoveryService_Delta
 func (c *Connection) sendDeltaChanged(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, force bool) (bool, error) {
 	v := c.viewFor(snap)
 	c.mu.Lock()
-	names := c.subscribed(w)
 	known := w.known
 	c.mu.Unlock()
-	cur := xds.Generate(v, typ, names)
+	cur := generate(v, typ, w)
+	if cur == known && !force {
+		return false, nil
+	}
 	changed, removed := xds.Diff(known, cur)
 	if len(changed) == 0 && len(removed) == 0 && !force {
 		return false, nil

@@ -95,6 +95,7 @@ type Server struct {
 	updates  chan *push.Request
 	queue    *pushQueue
 	admitter *tokenBucket
+	subs     *subscriptions
 
 	snapshot atomic.Pointer[push.Snapshot]
 	ready    atomic.Bool
@@ -125,6 +126,7 @@ func New(log *slog.Logger, m *metrics.Metrics, opts Options, deps Deps) *Server 
 		stop:    make(chan struct{}),
 	}
 	s.queue = newPushQueue()
+	s.subs = newSubscriptions()
 	s.admitter = newTokenBucket(opts.ConnectRate, opts.ConnectBurst)
 	return s
 }

@@ -78,7 +78,7 @@ func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_S
 		if !c.recordAck(typ, w, r.GetResponseNonce(), r.GetVersionInfo(), r.GetErrorDetail().GetMessage()) {
 			return nil
 		}
-		if r.GetErrorDetail() != nil || w.wildcard || sameNames(w.names, r.GetResourceNames()) {
+		if r.GetErrorDetail() != nil || w.wildcard || w.sub.sameAs(r.GetResourceNames()) {
 			// An ACK or NACK without a new subscription: nothing to send. After a NACK the
 			// proxy keeps its last accepted config; resending the same would fail again.
 			return nil
@@ -89,32 +89,19 @@ func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_S
 		c.mu.Lock()
 		c.watches[typ] = w
 		w.wildcard = xds.Wildcard(typ)
-		w.names = nameSet(r.GetResourceNames())
+		if !w.wildcard {
+			c.subscribe(w, r.GetResourceNames())
+		}
 		c.mu.Unlock()
 		// A new subscription (or a reconnect) gets everything it names.
 		return c.sendSotwAll(stream, typ, w, c.srv.Snapshot())
 	}
 	// A changed subscription gets what it did not have: the resources of added names.
 	c.mu.Lock()
-	w.names = nameSet(r.GetResourceNames())
-	if w.known != nil {
-		w.known = xds.Select(w.known, w.names)
-	}
+	c.subscribe(w, r.GetResourceNames())
 	c.mu.Unlock()
 	_, err := c.sendSotwChanged(stream, typ, w, c.srv.Snapshot(), nil)
 	return err
-}
-
-func sameNames(have map[string]struct{}, names []string) bool {
-	if len(have) != len(names) {
-		return false
-	}
-	for _, n := range names {
-		if _, ok := have[n]; !ok {
-			return false
-		}
-	}
-	return true
 }
 
 func nameSet(names []string) map[string]struct{} {
@@ -170,13 +157,15 @@ func (c *Connection) pushEDSOnly(ev *pushEvent, send func(typ string, w *watch, 
 	if w == nil || len(names) == 0 {
 		return nil
 	}
-	items := xds.Endpoints(ev.snap, names)
-	changed, _ := xds.Diff(xds.Select(w.known, nameSet(names)), xds.Merge(nil, items))
+	// The new full set is shared by every proxy with this subscription; the client gets the
+	// changed part of it.
+	cur := generate(c.viewFor(ev.snap), xds.EndpointType, w)
+	sel := nameSet(names)
+	changed, _ := xds.Diff(xds.Select(w.known, sel), xds.Select(cur, sel))
 	if len(changed) == 0 {
 		return nil
 	}
-	c.viewFor(ev.snap)
-	return send(xds.EndpointType, w, changed, xds.Merge(w.known, changed))
+	return send(xds.EndpointType, w, changed, cur)
 }
 
 // sendSotwChanged sends a type when it changed and returns the names that changed. Wildcard
@@ -184,7 +173,10 @@ func (c *Connection) pushEDSOnly(ev *pushEvent, send func(typ string, w *watch, 
 // in also, even when unchanged.
 func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, also map[string]struct{}) (map[string]struct{}, error) {
 	v := c.viewFor(snap)
-	cur := xds.Generate(v, typ, c.subscribed(w))
+	cur := generate(v, typ, w)
+	if cur == w.known {
+		return nil, nil // the very set this proxy has: shared results make this common
+	}
 	changed, removed := xds.Diff(w.known, cur)
 	if len(changed) == 0 && len(removed) == 0 && len(also) == 0 {
 		return nil, nil
@@ -215,7 +207,7 @@ func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService
 
 // sendSotwAll answers a new subscription with everything it names.
 func (c *Connection) sendSotwAll(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot) error {
-	cur := xds.Generate(c.viewFor(snap), typ, c.subscribed(w))
+	cur := generate(c.viewFor(snap), typ, w)
 	return c.sendSotwItems(stream, typ, w, snap, cur.Items, cur)
 }
 

@@ -4,6 +4,7 @@
 package filedir
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io/fs"
@@ -42,12 +43,13 @@ type Source struct {
 	current  map[config.Key]*config.Config
 	status   []DocStatus
 	lastErrs map[string]bool // rejection messages already logged, so a rescan does not repeat them
+	parsed   map[string]parsedFile
 	handlers []Handler
 }
 
 // New returns a source for dir; call Sync (or Run) to read it.
 func New(dir string, log *slog.Logger, m *metrics.Metrics) *Source {
-	return &Source{dir: dir, log: log.With("scope", "filedir"), metrics: m, current: map[config.Key]*config.Config{}, lastErrs: map[string]bool{}}
+	return &Source{dir: dir, log: log.With("scope", "filedir"), metrics: m, current: map[config.Key]*config.Config{}, lastErrs: map[string]bool{}, parsed: map[string]parsedFile{}}
 }
 
 // AddHandler registers h for later changes. Register before Run.
@@ -114,6 +116,7 @@ func (s *Source) Sync() error {
 	next := make(map[config.Key]*config.Config, len(old))
 	var status []DocStatus
 	errs := map[string]bool{}
+	parsed := map[string]parsedFile{}
 	reject := func(st DocStatus, kind string, msg string, kept *config.Config) {
 		st.Error = msg
 		st.Status = "rejected"
@@ -143,7 +146,14 @@ func (s *Source) Sync() error {
 			reject(DocStatus{File: rel}, "", fmt.Sprintf("%s: %v", rel, err), nil)
 			continue
 		}
-		for _, d := range config.ParseFile(rel, data) {
+		docs := s.parsed[rel].docs
+		if p, ok := s.parsed[rel]; !ok || !bytes.Equal(p.data, data) {
+			// Only files whose bytes changed are parsed again: a change to one file of a
+			// large directory costs that file.
+			docs = config.ParseFile(rel, data)
+		}
+		parsed[rel] = parsedFile{data: data, docs: docs}
+		for _, d := range docs {
 			st := DocStatus{File: rel, Doc: d.Index}
 			if d.Key != nil {
 				st.Config = d.Key.String()
@@ -188,7 +198,7 @@ func (s *Source) Sync() error {
 			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), "delete").Inc()
 		}
 	}
-	s.current, s.status, s.lastErrs = next, status, errs
+	s.current, s.status, s.lastErrs, s.parsed = next, status, errs, parsed
 	handlers := append([]Handler(nil), s.handlers...)
 	s.mu.Unlock()
 	if len(changed) > 0 {
@@ -198,6 +208,12 @@ func (s *Source) Sync() error {
 		}
 	}
 	return nil
+}
+
+// parsedFile remembers a file's bytes and what they parsed to.
+type parsedFile struct {
+	data []byte
+	docs []config.Document
 }
 
 func eventName(existed bool) string {
