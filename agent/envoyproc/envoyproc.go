@@ -31,6 +31,10 @@ type Config struct {
 	LogLevel               string
 	ComponentLogLevel      string
 	Concurrency            int
+	// BaseID is the proxy's --base-id: every proxy on one host needs its own hot-restart
+	// domain; nil leaves the flag out (Envoy's default 0, right when each pod has its own
+	// namespaces).
+	BaseID *uint64
 	// Bootstrap renders the bootstrap; it is called for every epoch so a new epoch sees
 	// the current certificates and inputs.
 	Bootstrap func() ([]byte, error)
@@ -89,6 +93,9 @@ func (p *Proxy) Args(file string, epoch int) []string {
 	}
 	if p.c.Concurrency > 0 {
 		args = append(args, "--concurrency", strconv.Itoa(p.c.Concurrency))
+	}
+	if p.c.BaseID != nil {
+		args = append(args, "--base-id", strconv.FormatUint(*p.c.BaseID, 10))
 	}
 	return args
 }

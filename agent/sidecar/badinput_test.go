@@ -41,6 +41,9 @@ func TestBadInputFailsAtStartNamingIt(t *testing.T) {
 		"bad EXIT_ON_ZERO_ACTIVE_CONNECTIONS": {func(o *sidecar.Options) {
 			o.Env = append(o.Env, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS=sometimes")
 		}, []string{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS"}},
+		"bad WASMESH_BASE_ID": {func(o *sidecar.Options) {
+			o.Env = append(o.Env, "WASMESH_BASE_ID=-3")
+		}, []string{"WASMESH_BASE_ID", "-3"}},
 		"bad probers": {func(o *sidecar.Options) {
 			o.Env = append(o.Env, `ISTIO_KUBE_APP_PROBERS={"/app-health/web/livez":{}}`)
 		}, []string{"ISTIO_KUBE_APP_PROBERS", "/app-health/web/livez"}},

@@ -190,6 +190,10 @@ func New(o Options) (*Agent, error) {
 	a.registry = prometheus.NewRegistry()
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	baseID, err := baseID(a.env)
+	if err != nil {
+		return nil, err
+	}
 	if a.proxy, err = envoyproc.New(envoyproc.Config{
 		BinaryPath:             pc.GetBinaryPath(),
 		ConfigPath:             pc.GetConfigPath(),
@@ -200,6 +204,7 @@ func New(o Options) (*Agent, error) {
 		LogLevel:               o.ProxyLogLevel,
 		ComponentLogLevel:      o.ProxyComponentLogLevel,
 		Concurrency:            int(pc.GetConcurrency().GetValue()),
+		BaseID:                 baseID,
 		Bootstrap:              a.render,
 		Admin:                  a.admin,
 		Env:                    o.ProxyEnv,
@@ -320,6 +325,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent stopped")
 	return nil
+}
+
+// baseID reads WASMESH_BASE_ID (docs/contracts.md): the local mesh runs many proxies on
+// one host, and each needs its own hot-restart domain.
+func baseID(env map[string]string) (*uint64, error) {
+	v := env["WASMESH_BASE_ID"]
+	if v == "" {
+		return nil, nil
+	}
+	id, err := strconv.ParseUint(v, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("WASMESH_BASE_ID: %q is not a non-negative integer", v)
+	}
+	return &id, nil
 }
 
 func policy(env map[string]string, pc *meshconfig.ProxyConfig, poll time.Duration) (drain.Policy, error) {
