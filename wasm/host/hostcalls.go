@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 )
 
@@ -16,8 +17,8 @@ func u32(s []uint64, i int) uint32 { return uint32(s[i]) }
 
 // instantiateEnv registers every proxy_* host call, for all ABI versions at once: a module
 // only links against the names it imports, so the 0.1.0 calls do no harm to 0.2.x modules.
-func (r *Runtime) instantiateEnv(ctx context.Context) error {
-	b := r.wz.NewHostModuleBuilder("env")
+func (r *Runtime) instantiateEnv(ctx context.Context, wz wazero.Runtime) error {
+	b := wz.NewHostModuleBuilder("env")
 	i32, i64 := api.ValueTypeI32, api.ValueTypeI64
 	def := func(name string, fn hostFunc, params ...api.ValueType) {
 		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, stack []uint64) {

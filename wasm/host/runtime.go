@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+
+	"github.com/wasmesh/wasmesh/wasm/host/internal/interrupt"
 )
 
 // RuntimeConfig configures a Runtime. The zero value is ready to use.
@@ -34,9 +37,16 @@ type RuntimeConfig struct {
 // (env, wasi_snapshot_preview1, wasi_unstable), compiles each distinct module once, and
 // holds the shared data and shared queues that Envoy keeps per process, keyed by vm_id.
 type Runtime struct {
-	wz     wazero.Runtime
-	log    *slog.Logger
-	closed atomic.Bool
+	// wz runs modules that carry their own interrupt check (package interrupt): the
+	// compiler's default. stoppable, created on first use, runs modules the check could
+	// not be added to (and everything in interpreter mode) with wazero's
+	// close-on-context-done instead, which costs a goroutine per call (see interrupt).
+	wz         wazero.Runtime
+	stoppable  wazero.Runtime
+	instrument bool
+	cfg        wazero.RuntimeConfig
+	log        *slog.Logger
+	closed     atomic.Bool
 
 	mu       sync.Mutex
 	modules  map[[32]byte]*compileEntry
@@ -60,9 +70,6 @@ func NewRuntime(ctx context.Context, cfg RuntimeConfig) (*Runtime, error) {
 	} else {
 		rc = wazero.NewRuntimeConfig()
 	}
-	// Closing a module when its context is done is what stops a runaway guest at its
-	// callback deadline.
-	rc = rc.WithCloseOnContextDone(true)
 	if cfg.CompilationCache != nil {
 		rc = rc.WithCompilationCache(cfg.CompilationCache)
 	} else if cfg.CompilationCacheDir != "" {
@@ -77,17 +84,42 @@ func NewRuntime(ctx context.Context, cfg RuntimeConfig) (*Runtime, error) {
 		log = slog.Default()
 	}
 	r := &Runtime{
-		wz:      wazero.NewRuntimeWithConfig(ctx, rc),
-		log:     log.With("scope", "wasm"),
-		modules: map[[32]byte]*compileEntry{},
-		data:    sharedData{byVM: map[string]map[string]*sharedEntry{}},
-		queues:  sharedQueues{byName: map[queueName]uint32{}, queues: map[uint32]*sharedQueue{}},
+		cfg:        rc,
+		instrument: !cfg.Interpreter,
+		log:        log.With("scope", "wasm"),
+		modules:    map[[32]byte]*compileEntry{},
+		data:       sharedData{byVM: map[string]map[string]*sharedEntry{}},
+		queues:     sharedQueues{byName: map[queueName]uint32{}, queues: map[uint32]*sharedQueue{}},
 	}
-	if err := r.instantiateHostModules(ctx); err != nil {
-		_ = r.wz.Close(ctx)
+	if r.instrument {
+		// The interpreter reads globals from Go code, so setting the interrupt global from the
+		// watchdog would race with it: it keeps wazero's own mechanism.
+		r.wz = wazero.NewRuntimeWithConfig(ctx, rc)
+		if err := r.instantiateHostModules(ctx, r.wz); err != nil {
+			_ = r.wz.Close(ctx)
+			return nil, err
+		}
+	} else if _, err := r.stoppableRuntime(ctx); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// stoppableRuntime returns the wazero runtime with close-on-context-done, creating it on
+// first use. Called with r.mu held or before r is shared.
+func (r *Runtime) stoppableRuntime(ctx context.Context) (wazero.Runtime, error) {
+	if r.stoppable != nil {
+		return r.stoppable, nil
+	}
+	// Closing a module when its context is done is what stops a runaway guest at its
+	// callback deadline.
+	wz := wazero.NewRuntimeWithConfig(ctx, r.cfg.WithCloseOnContextDone(true))
+	if err := r.instantiateHostModules(ctx, wz); err != nil {
+		_ = wz.Close(ctx)
+		return nil, err
+	}
+	r.stoppable = wz
+	return wz, nil
 }
 
 // Close releases the wazero runtime and every module and instance created from it.
@@ -95,10 +127,17 @@ func (r *Runtime) Close(ctx context.Context) error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	if err := r.wz.Close(ctx); err != nil {
-		return fmt.Errorf("wasm runtime: close: %w", err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var errs []error
+	for _, wz := range []wazero.Runtime{r.wz, r.stoppable} {
+		if wz != nil {
+			if err := wz.Close(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("wasm runtime: close: %w", err))
+			}
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Compilations counts the modules this Runtime actually compiled; loading the same bytes
@@ -120,10 +159,14 @@ func (r *Runtime) SharedQueues() []QueueSnapshot { return r.queues.snapshot() }
 // Module is a compiled proxy-wasm module, ready to back any number of plugins.
 type Module struct {
 	compiled wazero.CompiledModule
-	abi      ABIVersion
-	sha      string
-	exports  map[string]api.FunctionDefinition
-	minPages uint32
+	// wz is the wazero runtime the module was compiled in and is instantiated in.
+	wz wazero.Runtime
+	// interruptible says the module carries the interrupt global (package interrupt).
+	interruptible bool
+	abi           ABIVersion
+	sha           string
+	exports       map[string]api.FunctionDefinition
+	minPages      uint32
 }
 
 // ABIVersion is the ABI the module declared.
@@ -176,12 +219,30 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte) (*Module, error) {
 
 func (r *Runtime) compile(ctx context.Context, wasm []byte, sum [32]byte) (*Module, error) {
 	sha := hex.EncodeToString(sum[:])
-	compiled, err := r.wz.CompileModule(ctx, wasm)
+	wz, code, interruptible := r.wz, wasm, false
+	if r.instrument {
+		if ins, err := interrupt.Instrument(wasm); err == nil {
+			code, interruptible = ins, true
+		} else {
+			r.log.Warn("wasm module: cannot add the interrupt check; running it with wazero's slower close-on-context-done",
+				"sha256", sha, "error", err)
+		}
+	}
+	if !interruptible {
+		r.mu.Lock()
+		var err error
+		wz, err = r.stoppableRuntime(ctx)
+		r.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
+	compiled, err := wz.CompileModule(ctx, code)
 	if err != nil {
 		return nil, fmt.Errorf("wasm module %.12s: compile: %w", sha, err)
 	}
 	r.compiles.Add(1)
-	m := &Module{compiled: compiled, sha: sha, exports: compiled.ExportedFunctions()}
+	m := &Module{compiled: compiled, wz: wz, interruptible: interruptible, sha: sha, exports: compiled.ExportedFunctions()}
 	if err := m.validate(); err != nil {
 		_ = compiled.Close(ctx)
 		return nil, fmt.Errorf("wasm module %.12s: %w", sha, err)

@@ -13,6 +13,8 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/wasmesh/wasmesh/wasm/host/internal/interrupt"
 )
 
 // vm is one instantiation of a module: a wazero module instance with its contexts, timers
@@ -133,12 +135,13 @@ func (in *instance) startVM() (*vm, error) {
 	in.watched.Store(v.w)
 	v.cur = &vmCall{vm: v, callback: "instantiate"}
 	v.w.begin()
-	mod, err := instantiate(experimental.WithMemoryAllocator(v.w.ctx, v.mem), p.rt.wz, p.mod.compiled, cfg)
+	mod, err := instantiate(experimental.WithMemoryAllocator(v.w.ctx, v.mem), p.mod.wz, p.mod.compiled, cfg)
 	v.w.end()
 	v.cur = nil
 	if err != nil {
+		f := v.classify("instantiate", err)
 		v.w.cancel(ErrClosed)
-		return nil, fmt.Errorf("plugin %q: instantiate: %w", p.cfg.Name, v.classify("instantiate", err))
+		return nil, fmt.Errorf("plugin %q: instantiate: %w", p.cfg.Name, f)
 	}
 	if v.mod == nil {
 		v.adopt(mod)
@@ -224,6 +227,11 @@ func (e *startError) Unwrap() error { return e.err }
 // start section) when InstantiateModule has not returned yet.
 func (v *vm) adopt(mod api.Module) {
 	v.mod = mod
+	if v.p.mod.interruptible {
+		if g, ok := mod.ExportedGlobal(interrupt.GlobalName).(api.MutableGlobal); ok {
+			v.w.arm(g)
+		}
+	}
 	for name := range callbackArity {
 		if fn := mod.ExportedFunction(name); fn != nil {
 			v.fns[name] = fn
@@ -280,6 +288,11 @@ func (v *vm) call(vc *vmCall, name string, args ...uint64) (ret uint64, exported
 	if v.dead != nil {
 		return 0, true, v.dead
 	}
+	if v.w.ctx.Err() != nil {
+		// Stopped (deadline, plugin closing) between callbacks: as wazero does for a
+		// context already done, do not enter the guest.
+		return 0, true, v.classify(name, context.Cause(v.w.ctx))
+	}
 	// The callback deadline is independent of any request context: a client going away
 	// must not tear down an instance in the middle of a callback (see watchdog.go).
 	prev := v.cur
@@ -310,6 +323,13 @@ func (v *vm) classify(name string, err error) *Failure {
 	var exit *sys.ExitError
 	var pe *procExit
 	switch {
+	case v.w.interrupted():
+		// The interrupt check trapped (or the call was refused) because the watch context
+		// ended: what wazero reports as a context exit for modules without the check.
+		f.Kind = FailureTimeout
+		if cause := context.Cause(v.w.ctx); cause != err {
+			f.Err = fmt.Errorf("%w: %w", cause, err)
+		}
 	case errors.As(err, &exit):
 		switch exit.ExitCode() {
 		case sys.ExitCodeDeadlineExceeded, sys.ExitCodeContextCanceled:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 )
@@ -14,12 +15,12 @@ import (
 // configuration: fd_write goes to the plugin logger one line at a time, clocks come from the
 // plugin's Clock, random_get from Environment.Rand, and there are no arguments, environment
 // or files.
-func (r *Runtime) instantiateHostModules(ctx context.Context) error {
-	if err := r.instantiateEnv(ctx); err != nil {
+func (r *Runtime) instantiateHostModules(ctx context.Context, wz wazero.Runtime) error {
+	if err := r.instantiateEnv(ctx, wz); err != nil {
 		return fmt.Errorf("wasm runtime: env module: %w", err)
 	}
 	for _, name := range []string{wasi_snapshot_preview1.ModuleName, "wasi_unstable"} {
-		b := r.wz.NewHostModuleBuilder(name)
+		b := wz.NewHostModuleBuilder(name)
 		wasi_snapshot_preview1.NewFunctionExporter().ExportFunctions(b)
 		// wazero's proc_exit closes the module, which would make a command-style module that
 		// exits 0 at the end of _start unusable. This one unwinds the guest instead; the host

@@ -5,14 +5,18 @@ import (
 	"errors"
 	"sync/atomic"
 	"time"
+
+	"github.com/tetratelabs/wazero/api"
 )
 
 // The callback deadline. Wrapping every callback in context.WithTimeout costs a context
 // and a runtime timer per call, more than a small guest's whole callback; instead each VM
 // keeps one cancellable context for its life, each outermost callback records when it
 // started, and one watchdog goroutine per plugin cancels the context of a VM whose callback
-// has run past the deadline. wazero (with close-on-context-done) then stops the guest at its
-// next loop header or call, and the callback fails with FailureTimeout.
+// has run past the deadline. The guest stops at its next loop header, through the interrupt
+// global the host added to the module (see package interrupt), which a context.AfterFunc
+// sets when the VM's context ends; modules without it run with wazero's
+// close-on-context-done, which has the same effect. The callback fails with FailureTimeout.
 
 // ErrCallbackTimeout is the cause of a callback stopped by the deadline.
 var ErrCallbackTimeout = errors.New("wasm host: callback ran past the plugin's deadline")
@@ -33,12 +37,42 @@ type watch struct {
 	// VM is idle.
 	busySince atomic.Int64
 	depth     int
+
+	// global is the module's interrupt global once the module is instantiated; stopped
+	// records that it was set.
+	global  atomic.Pointer[api.MutableGlobal]
+	stopped atomic.Bool
 }
 
 func newWatch(parent context.Context, v *vm) *watch {
 	ctx, cancel := context.WithCancelCause(parent)
-	return &watch{ctx: context.WithValue(ctx, vmKey{}, v), cancel: cancel}
+	w := &watch{ctx: context.WithValue(ctx, vmKey{}, v), cancel: cancel}
+	context.AfterFunc(ctx, w.interrupt)
+	return w
 }
+
+// arm installs the module's interrupt global; if the context has already ended, the guest
+// is stopped at once.
+func (w *watch) arm(g api.MutableGlobal) {
+	w.global.Store(&g)
+	if w.ctx.Err() != nil {
+		w.interrupt()
+	}
+}
+
+// interrupt makes the guest trap at its next loop header. It runs on the AfterFunc
+// goroutine while the guest may be running: the store is a single aligned word that the
+// guest's machine code reloads at every loop header.
+func (w *watch) interrupt() {
+	if g := w.global.Load(); g != nil {
+		w.stopped.Store(true)
+		(*g).Set(1)
+	}
+}
+
+// interrupted reports whether the VM's context has ended; a guest failure after that is
+// the interruption (or the refusal to start a call), not the guest's own fault.
+func (w *watch) interrupted() bool { return w.stopped.Load() || w.ctx.Err() != nil }
 
 // begin marks a callback as running on the VM; nested callbacks (a host call that calls
 // back into the guest, such as proxy_on_memory_allocate) share the outermost one's deadline.
