@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -38,30 +37,21 @@ func BenchmarkHeadersOnlyRequest(b *testing.B) {
 	cfg, err := parseConfig([]byte(fullConfig))
 	require.NoError(b, err)
 	var requests atomic.Int64
+	w := wasmtest.NewBench(b, ".", host.PluginConfig{Name: "example", Configuration: []byte(fullConfig)}, nil,
+		wasmtest.Exchange{Request: benchRequest, Response: [][2]string{{":status", "200"}}})
+	if v, _ := w.Do().Get("x-wasmesh-example"); v != "hello" {
+		b.Fatalf("response header not set: %q", v)
+	}
 	b.ReportAllocs()
-	start := time.Now()
-	for i := 0; i < b.N; i++ {
+	wasmtest.Compare(b, w, func() {
 		req, resp := host.NewHeaders(benchRequest...), host.NewHeaders([2]string{":status", "200"})
 		if !native(cfg, &requests, req, resp) {
 			b.Fatal("denied")
 		}
+	})
+	if m, _ := w.Plugin.Metrics().Get(defaultCounter, host.MetricCounter); m.Value != int64(b.N)+2 {
+		b.Fatalf("counter %d, want %d (+2 warm-up)", m.Value, b.N+2)
 	}
-	nativeNs := float64(time.Since(start).Nanoseconds()) / float64(b.N)
-
-	wasmNs, mib := wasmtest.BenchWasm(b, ".", host.PluginConfig{Name: "example", Configuration: []byte(fullConfig)}, nil,
-		wasmtest.Exchange{Request: benchRequest, Response: [][2]string{{":status", "200"}}}, b.N,
-		func(first *host.Headers, p *host.Plugin) {
-			if first != nil {
-				if v, _ := first.Get("x-wasmesh-example"); v != "hello" {
-					b.Fatalf("response header not set: %q", v)
-				}
-				return
-			}
-			if m, _ := p.Metrics().Get(defaultCounter, host.MetricCounter); m.Value != int64(b.N) {
-				b.Fatalf("counter %d, want %d", m.Value, b.N)
-			}
-		})
-	wasmtest.Report(b, wasmNs, nativeNs, mib)
 }
 
 // BenchmarkNewInstance is the time to start one VM instance of the example filter

@@ -4,7 +4,6 @@ package main
 
 import (
 	"testing"
-	"time"
 
 	"github.com/wasmesh/wasmesh/filters/internal/wasmtest"
 	"github.com/wasmesh/wasmesh/wasm/host"
@@ -18,26 +17,18 @@ const benchConfig = `{"descriptors": [{"name": "per_user",
 // BenchmarkAllowedRequest is the quota filter's added cost per allowed request in wazero,
 // beside the same filter code compiled natively and driven by the SDK's proxytest emulator.
 func BenchmarkAllowedRequest(b *testing.B) {
-	e := start(b, benchConfig)
-	start := time.Now()
-	for i := 0; i < b.N; i++ {
-		if r := e.do(b, "/api", "x-user", "alice"); r.status != 200 {
-			b.Fatalf("status %d", r.status)
-		}
-	}
-	nativeNs := float64(time.Since(start).Nanoseconds()) / float64(b.N)
-
-	wasmNs, mib := wasmtest.BenchWasm(b, ".", host.PluginConfig{Name: "quota", Configuration: []byte(benchConfig)}, nil,
+	native := start(b, benchConfig)
+	w := wasmtest.NewBench(b, ".", host.PluginConfig{Name: "quota", Configuration: []byte(benchConfig)}, nil,
 		wasmtest.Exchange{
 			Request:  [][2]string{{":method", "GET"}, {":path", "/api"}, {":authority", "reviews:9080"}, {"x-user", "alice"}},
 			Response: [][2]string{{":status", "200"}},
-		}, b.N, func(_ *host.Headers, p *host.Plugin) {
-			if p == nil {
-				return
-			}
-			if m, _ := p.Metrics().Get(requestsMetric("per_user", "allowed"), host.MetricCounter); m.Value != int64(b.N) {
-				b.Fatalf("allowed %d, want %d", m.Value, b.N)
-			}
 		})
-	wasmtest.Report(b, wasmNs, nativeNs, mib)
+	wasmtest.Compare(b, w, func() {
+		if r := native.do(b, "/api", "x-user", "alice"); r.status != 200 {
+			b.Fatalf("status %d", r.status)
+		}
+	})
+	if m, _ := w.Plugin.Metrics().Get(requestsMetric("per_user", "allowed"), host.MetricCounter); m.Value != int64(b.N)+1 {
+		b.Fatalf("allowed %d, want %d (+1 warm-up)", m.Value, b.N+1)
+	}
 }

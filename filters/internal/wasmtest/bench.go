@@ -19,44 +19,70 @@ type Exchange struct {
 	Info              host.StreamInfo
 }
 
-// BenchWasm sends n headers-only exchanges through one instance of the filter in dir on a
-// fresh runtime and returns the wall time per exchange and the instance's linear memory
-// afterwards, in MiB. check, if set, sees the response headers of the first exchange and
-// the plugin after the last.
-func BenchWasm(b *testing.B, dir string, cfg host.PluginConfig, props map[string]any, x Exchange, n int,
-	check func(first *host.Headers, p *host.Plugin)) (nsPerReq, mib float64) {
-	b.Helper()
+// Bench is one instance of a filter on its own runtime, ready to take exchanges.
+type Bench struct {
+	tb testing.TB
+	// Plugin is the running filter, for checks after the run.
+	Plugin *host.Plugin
+	x      Exchange
+}
+
+// NewBench loads the filter in dir into a fresh runtime with one instance; both are
+// closed when tb ends.
+func NewBench(tb testing.TB, dir string, cfg host.PluginConfig, props map[string]any, x Exchange) *Bench {
+	tb.Helper()
 	ctx := context.Background()
 	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(b, err)
-	defer rt.Close(ctx)
-	mod, err := rt.Compile(ctx, Bytes(b, dir))
-	require.NoError(b, err)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = rt.Close(ctx) })
+	mod, err := rt.Compile(ctx, Bytes(tb, dir))
+	require.NoError(tb, err)
 	p, err := rt.NewPlugin(ctx, mod, cfg, host.Environment{Logger: slog.New(slog.DiscardHandler), Properties: props})
-	require.NoError(b, err)
-	defer p.Close(ctx)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = p.Close(ctx) })
+	return &Bench{tb: tb, Plugin: p, x: x}
+}
+
+// Do sends one headers-only exchange through the filter and returns the response headers
+// as the filter left them.
+func (w *Bench) Do() *host.Headers {
+	ctx := context.Background()
+	s, err := w.Plugin.NewHTTPStream(ctx, host.StreamOptions{Info: w.x.Info})
+	if err != nil {
+		w.tb.Fatal(err)
+	}
+	s.OnRequestHeaders(ctx, host.NewHeaders(w.x.Request...), true)
+	resp := host.NewHeaders(w.x.Response...)
+	s.OnResponseHeaders(ctx, resp, true)
+	s.Finish(ctx)
+	return resp
+}
+
+// MiB is the instance's linear memory.
+func (w *Bench) MiB() float64 { return float64(w.Plugin.MemoryBytes()[0]) / (1 << 20) }
+
+// Compare times wasm (one request through the filter in wazero, the benchmark's ns/op)
+// and then native (the same logic as native Go) for as many requests, in the same run,
+// and reports both side by side with the instance's memory afterwards. Setup is not
+// timed: the filter is loaded before and each side sees one warm-up request.
+func Compare(b *testing.B, w *Bench, native func()) {
+	b.Helper()
+	w.Do()
+	native()
+	for b.Loop() {
+		w.Do()
+	}
+	wasmNs := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	n := b.N
 	start := time.Now()
-	for i := 0; i < n; i++ {
-		s, err := p.NewHTTPStream(ctx, host.StreamOptions{Info: x.Info})
-		if err != nil {
-			b.Fatal(err)
-		}
-		s.OnRequestHeaders(ctx, host.NewHeaders(x.Request...), true)
-		resp := host.NewHeaders(x.Response...)
-		s.OnResponseHeaders(ctx, resp, true)
-		s.Finish(ctx)
-		if i == 0 && check != nil {
-			check(resp, nil)
-		}
+	for range n {
+		native()
 	}
-	nsPerReq = float64(time.Since(start).Nanoseconds()) / float64(max(n, 1))
-	if check != nil {
-		check(nil, p)
-	}
-	if st := p.Stats(); len(st.Failures) > 0 {
+	nativeNs := float64(time.Since(start).Nanoseconds()) / float64(n)
+	if st := w.Plugin.Stats(); len(st.Failures) > 0 {
 		b.Fatalf("guest failures: %v", st.Failures)
 	}
-	return nsPerReq, float64(p.MemoryBytes()[0]) / (1 << 20)
+	Report(b, wasmNs, nativeNs, w.MiB())
 }
 
 // Report writes the side-by-side figures of a filter benchmark.
