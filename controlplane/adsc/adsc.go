@@ -1,6 +1,9 @@
 // Package adsc is a small ADS client for tests and load generation: it connects like Envoy
 // (SotW or Delta), subscribes to CDS and LDS, follows them with EDS and RDS subscriptions,
 // ACKs every response (or NACKs on request), and keeps the resources it received.
+//
+// Responses are read from the wire directly (names, and only the bytes the client keeps),
+// so one process can hold thousands of clients; requests are ordinary discovery messages.
 package adsc
 
 import (
@@ -19,9 +22,10 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // Type URLs followed by the client.
@@ -38,7 +42,7 @@ type Config struct {
 	Delta bool
 	// Reject, when set, is asked about every response; a non-empty message NACKs it.
 	Reject func(typeURL string, names []string) string
-	// Thin keeps only resource names and bytes and reads clusters with a wire-level scan,
+	// Thin keeps only names (and the bytes of endpoints) and records no names per response,
 	// so one process can hold thousands of clients.
 	Thin bool
 	// SkipEDS does not follow clusters with EDS subscriptions.
@@ -50,7 +54,8 @@ type Response struct {
 	TypeURL  string
 	Version  string
 	Nonce    string
-	Names    []string
+	Names    []string // nil for a thin client
+	Count    int
 	Removed  []string
 	Received time.Time
 	Acked    time.Time
@@ -63,8 +68,8 @@ type Client struct {
 
 	mu        sync.Mutex
 	resources map[string]map[string]*entry // type → name → what is kept of the resource
-	edsNames  map[string]bool              // EDS clusters seen in CDS
-	rdsNames  map[string]bool              // route configs referenced by LDS
+	follows   map[string]*followed         // EDS and RDS subscriptions implied by CDS and LDS
+	gen       uint64
 	log       []Response
 	nonces    map[string]string // latest nonce per type, sent with subscription changes as Envoy does
 	changed   chan struct{}
@@ -75,14 +80,41 @@ type Client struct {
 	send   func(typ string, nonce, version string, names []string, sub, unsub []string, errMsg string) error
 }
 
+// entry is what the client keeps of one resource.
+type entry struct {
+	raw    []byte
+	eds    bool     // a cluster using EDS
+	routes []string // route configurations a listener references
+	gen    uint64
+}
+
+// followed is a subscription the client derives from another type.
+type followed struct {
+	names  map[string]bool
+	sorted []string // cached for requests; nil when stale
+}
+
+func (f *followed) list() []string {
+	if f.sorted == nil {
+		f.sorted = make([]string, 0, len(f.names))
+		for n := range f.names {
+			f.sorted = append(f.sorted, n)
+		}
+		sort.Strings(f.sorted)
+	}
+	return f.sorted
+}
+
 // Dial opens an ADS stream over conn and starts the client; it stops when ctx ends or the
 // stream fails (Err reports why).
 func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Client, error) {
-	c := &Client{cfg: cfg, resources: map[string]map[string]*entry{}, edsNames: map[string]bool{}, rdsNames: map[string]bool{}, nonces: map[string]string{},
+	c := &Client{cfg: cfg, resources: map[string]map[string]*entry{}, nonces: map[string]string{},
+		follows: map[string]*followed{EndpointType: {names: map[string]bool{}}, RouteType: {names: map[string]bool{}}},
 		changed: make(chan struct{}), done: make(chan struct{})}
 	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
+	codec := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
 	if cfg.Delta {
-		stream, err := ads.DeltaAggregatedResources(ctx)
+		stream, err := ads.DeltaAggregatedResources(ctx, codec)
 		if err != nil {
 			return nil, fmt.Errorf("opening delta ADS stream: %w", err)
 		}
@@ -97,9 +129,9 @@ func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Clie
 			}
 			return stream.Send(r)
 		}
-		go c.run(func() error { return c.recvDelta(stream) })
+		go c.run(func() error { return c.recv(stream, true) })
 	} else {
-		stream, err := ads.StreamAggregatedResources(ctx)
+		stream, err := ads.StreamAggregatedResources(ctx, codec)
 		if err != nil {
 			return nil, fmt.Errorf("opening ADS stream: %w", err)
 		}
@@ -114,7 +146,7 @@ func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Clie
 			}
 			return stream.Send(r)
 		}
-		go c.run(func() error { return c.recvSotw(stream) })
+		go c.run(func() error { return c.recv(stream, false) })
 	}
 	if err := c.request(ClusterType, "", "", nil, nil, nil, ""); err != nil {
 		return nil, err
@@ -155,136 +187,88 @@ func (c *Client) notifyLocked() {
 	c.changed = make(chan struct{})
 }
 
-func (c *Client) recvSotw(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient) error {
-	acked := map[string]string{} // last accepted version per type, sent back on NACK
+type receiver interface{ RecvMsg(any) error }
+
+// recv reads responses until the stream ends.
+func (c *Client) recv(stream receiver, delta bool) error {
+	acked := map[string]string{} // last accepted SotW version per type, sent back on NACK
 	for {
-		resp, err := stream.Recv()
+		var f frame
+		if err := stream.RecvMsg(&f); err != nil {
+			return err
+		}
+		err := c.handle(&f, delta, acked)
+		f.buf.Free()
 		if err != nil {
 			return err
 		}
-		typ := resp.GetTypeUrl()
-		names, err := c.names(typ, resp.GetResources())
-		if err != nil {
-			return err
+	}
+}
+
+func (c *Client) handle(f *frame, delta bool, acked map[string]string) error {
+	r, items, removed, err := parseResponse(f.buf.ReadOnlyData(), delta)
+	if err != nil {
+		return err
+	}
+	typ := r.TypeURL
+	r.Count, r.Removed, r.Received = len(items), removed, time.Now()
+	var names []string
+	if !c.cfg.Thin || c.cfg.Reject != nil {
+		names = make([]string, len(items))
+		for i, it := range items {
+			names[i] = string(it.name)
 		}
-		r := Response{TypeURL: typ, Version: resp.GetVersionInfo(), Nonce: resp.GetNonce(), Names: names, Received: time.Now()}
-		if msg := c.reject(typ, names); msg != "" {
+		if !c.cfg.Thin {
+			r.Names = names
+		}
+	}
+	if c.cfg.Reject != nil {
+		if msg := c.cfg.Reject(typ, names); msg != "" {
 			r.Nacked = true
-			c.record(r, nil, false)
-			if err := c.request(typ, resp.GetNonce(), acked[typ], c.subscription(typ), nil, nil, msg); err != nil {
-				return err
+			c.record(r)
+			if delta {
+				return c.request(typ, r.Nonce, "", nil, nil, nil, msg)
 			}
-			continue
+			return c.request(typ, r.Nonce, acked[typ], c.subscription(typ), nil, nil, msg)
 		}
-		acked[typ] = resp.GetVersionInfo()
-		follow := c.apply(typ, resp.GetResources(), nil, typ == ClusterType || typ == ListenerType)
+	}
+	replaceAll := !delta && (typ == ClusterType || typ == ListenerType)
+	follow := c.apply(typ, items, removed, replaceAll)
+	c.mu.Lock()
+	c.nonces[typ] = r.Nonce
+	c.mu.Unlock()
+	r.Acked = time.Now()
+	if delta {
+		err = c.request(typ, r.Nonce, "", nil, nil, nil, "")
+	} else {
+		acked[typ] = r.Version
+		err = c.request(typ, r.Nonce, r.Version, c.subscription(typ), nil, nil, "")
+	}
+	if err != nil {
+		return err
+	}
+	c.record(r)
+	for _, fu := range follow {
 		c.mu.Lock()
-		c.nonces[typ] = resp.GetNonce()
+		nonce := c.nonces[fu.typ]
 		c.mu.Unlock()
-		r.Acked = time.Now()
-		if err := c.request(typ, resp.GetNonce(), resp.GetVersionInfo(), c.subscription(typ), nil, nil, ""); err != nil {
-			return err
+		if delta {
+			err = c.request(fu.typ, "", "", nil, fu.sub, fu.unsub, "")
+		} else {
+			err = c.request(fu.typ, nonce, acked[fu.typ], fu.names, nil, nil, "")
 		}
-		c.record(r, nil, false)
-		for _, f := range follow {
-			c.mu.Lock()
-			nonce := c.nonces[f.typ]
-			c.mu.Unlock()
-			if err := c.request(f.typ, nonce, acked[f.typ], f.names, nil, nil, ""); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-func (c *Client) recvDelta(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient) error {
-	for {
-		resp, err := stream.Recv()
 		if err != nil {
 			return err
 		}
-		typ := resp.GetTypeUrl()
-		anys := make([]*anypb.Any, len(resp.GetResources()))
-		for i, r := range resp.GetResources() {
-			anys[i] = r.GetResource()
-		}
-		names, err := c.names(typ, anys)
-		if err != nil {
-			return err
-		}
-		r := Response{TypeURL: typ, Version: resp.GetSystemVersionInfo(), Nonce: resp.GetNonce(), Names: names, Removed: resp.GetRemovedResources(), Received: time.Now()}
-		if msg := c.reject(typ, names); msg != "" {
-			r.Nacked = true
-			c.record(r, nil, false)
-			if err := c.request(typ, resp.GetNonce(), "", nil, nil, nil, msg); err != nil {
-				return err
-			}
-			continue
-		}
-		follow := c.apply(typ, anys, resp.GetRemovedResources(), false)
-		r.Acked = time.Now()
-		if err := c.request(typ, resp.GetNonce(), "", nil, nil, nil, ""); err != nil {
-			return err
-		}
-		c.record(r, nil, false)
-		for _, f := range follow {
-			if err := c.request(f.typ, "", "", nil, f.sub, f.unsub, ""); err != nil {
-				return err
-			}
-		}
 	}
+	return nil
 }
 
-func (c *Client) reject(typ string, names []string) string {
-	if c.cfg.Reject == nil {
-		return ""
-	}
-	return c.cfg.Reject(typ, names)
-}
-
-func (c *Client) record(r Response, _ error, _ bool) {
+func (c *Client) record(r Response) {
 	c.mu.Lock()
 	c.log = append(c.log, r)
 	c.notifyLocked()
 	c.mu.Unlock()
-}
-
-// names reads the resource names of a response.
-func (c *Client) names(typ string, anys []*anypb.Any) ([]string, error) {
-	out := make([]string, 0, len(anys))
-	for _, a := range anys {
-		n, err := nameOf(a.GetValue())
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", typ, err)
-		}
-		out = append(out, n)
-	}
-	return out, nil
-}
-
-// nameOf reads field 1 (name / cluster_name) of Cluster, Listener, RouteConfiguration and
-// ClusterLoadAssignment without decoding the rest.
-func nameOf(b []byte) (string, error) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", protowire.ParseError(n)
-		}
-		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return "", protowire.ParseError(n)
-			}
-			return string(v), nil
-		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return "", protowire.ParseError(n)
-		}
-		b = b[n:]
-	}
-	return "", errors.New("resource without a name")
 }
 
 type followUp struct {
@@ -294,32 +278,54 @@ type followUp struct {
 }
 
 // apply stores resources and works out the EDS/RDS subscriptions that CDS/LDS imply.
-func (c *Client) apply(typ string, anys []*anypb.Any, removed []string, replaceAll bool) []followUp {
+func (c *Client) apply(typ string, items []item, removed []string, replaceAll bool) []followUp {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	store := c.resources[typ]
-	if store == nil || replaceAll {
+	if store == nil {
 		store = map[string]*entry{}
 		c.resources[typ] = store
 	}
-	for _, a := range anys {
-		n, _ := nameOf(a.GetValue())
-		e := &entry{}
-		switch {
-		case typ == ClusterType:
-			_, e.eds = c.edsCluster(a.GetValue())
-		case typ == ListenerType:
-			e.routes = routeNames(a.GetValue())
+	c.gen++
+	gen := c.gen
+	implied := false // whether this type implies a subscription that may have changed
+	for _, it := range items {
+		e := store[string(it.name)] // no allocation for the lookup
+		if e == nil {
+			e = &entry{}
+			store[string(it.name)] = e
 		}
-		// A thin client keeps the bytes of endpoints only (tests look into those); a full
-		// client keeps everything.
+		e.gen = gen
+		switch typ {
+		case ClusterType:
+			_, eds := edsCluster(it.value)
+			implied = implied || e.eds != eds || c.follows[EndpointType].names[string(it.name)] != eds
+			e.eds = eds
+		case ListenerType:
+			e.routes = routeNames(it.value)
+			implied = true
+		}
+		// A thin client keeps the bytes of endpoints only (tests look into those).
 		if !c.cfg.Thin || typ == EndpointType {
-			e.raw = a.GetValue()
+			e.raw = append(e.raw[:0:0], it.value...)
 		}
-		store[n] = e
 	}
 	for _, n := range removed {
-		delete(store, n)
+		if _, ok := store[n]; ok {
+			delete(store, n)
+			implied = true
+		}
+	}
+	if replaceAll {
+		for n, e := range store {
+			if e.gen != gen {
+				delete(store, n)
+				implied = true
+			}
+		}
+	}
+	if !implied {
+		return nil
 	}
 	switch typ {
 	case ClusterType:
@@ -332,7 +338,7 @@ func (c *Client) apply(typ string, anys []*anypb.Any, removed []string, replaceA
 				want[name] = true
 			}
 		}
-		return c.follow(EndpointType, c.edsNames, want, func(m map[string]bool) { c.edsNames = m })
+		return c.follow(EndpointType, want)
 	case ListenerType:
 		want := map[string]bool{}
 		for _, e := range store {
@@ -340,26 +346,21 @@ func (c *Client) apply(typ string, anys []*anypb.Any, removed []string, replaceA
 				want[rn] = true
 			}
 		}
-		return c.follow(RouteType, c.rdsNames, want, func(m map[string]bool) { c.rdsNames = m })
+		return c.follow(RouteType, want)
 	}
 	return nil
 }
 
-// entry is what the client keeps of one resource.
-type entry struct {
-	raw    []byte
-	eds    bool     // a cluster using EDS
-	routes []string // route configurations a listener references
-}
-
-func (c *Client) follow(typ string, have, want map[string]bool, set func(map[string]bool)) []followUp {
+// follow updates a derived subscription (caller holds c.mu).
+func (c *Client) follow(typ string, want map[string]bool) []followUp {
+	f := c.follows[typ]
 	var sub, unsub []string
 	for n := range want {
-		if !have[n] {
+		if !f.names[n] {
 			sub = append(sub, n)
 		}
 	}
-	for n := range have {
+	for n := range f.names {
 		if !want[n] {
 			unsub = append(unsub, n)
 			delete(c.resources[typ], n)
@@ -368,64 +369,54 @@ func (c *Client) follow(typ string, have, want map[string]bool, set func(map[str
 	if len(sub) == 0 && len(unsub) == 0 {
 		return nil
 	}
-	set(want)
+	c.follows[typ] = &followed{names: want}
 	sort.Strings(sub)
 	sort.Strings(unsub)
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return []followUp{{typ: typ, names: names, sub: sub, unsub: unsub}}
+	return []followUp{{typ: typ, names: c.follows[typ].list(), sub: sub, unsub: unsub}}
 }
 
 func (c *Client) subscription(typ string) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var m map[string]bool
-	switch typ {
-	case EndpointType:
-		m = c.edsNames
-	case RouteType:
-		m = c.rdsNames
-	default:
-		return nil
+	if f := c.follows[typ]; f != nil {
+		return f.list()
 	}
-	out := make([]string, 0, len(m))
-	for n := range m {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return nil
 }
 
-// edsCluster reports a cluster's name and whether it uses EDS (type field 2 == EDS).
-func (c *Client) edsCluster(b []byte) (string, bool) {
-	if c.cfg.Thin {
-		name, _ := nameOf(b)
-		for len(b) > 0 {
-			num, typ, n := protowire.ConsumeTag(b)
-			if n < 0 {
-				return name, false
+// edsCluster reports a cluster's name and whether it uses EDS (type, field 2, is EDS),
+// reading the wire without decoding the cluster.
+func edsCluster(b []byte) ([]byte, bool) {
+	var name []byte
+	eds := false
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return name, eds
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return name, eds
 			}
-			b = b[n:]
-			if num == 2 && typ == protowire.VarintType {
-				v, _ := protowire.ConsumeVarint(b)
-				return name, cluster.Cluster_DiscoveryType(v) == cluster.Cluster_EDS
+			name, n = v, m
+		case num == 2 && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return name, eds
 			}
+			eds, n = cluster.Cluster_DiscoveryType(v) == cluster.Cluster_EDS, m
+		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
-				return name, false
+				return name, eds
 			}
-			b = b[n:]
 		}
-		return name, false
+		b = b[n:]
 	}
-	var cl cluster.Cluster
-	if proto.Unmarshal(b, &cl) != nil {
-		return "", false
-	}
-	return cl.GetName(), cl.GetType() == cluster.Cluster_EDS
+	return name, eds
 }
 
 func routeNames(b []byte) []string {
@@ -457,7 +448,8 @@ func (c *Client) Names(typ string) []string {
 	return out
 }
 
-// Resource unmarshals a held resource into m; false when the client does not hold it.
+// Resource unmarshals a held resource into m; false when the client does not hold it (or,
+// thin, kept no bytes of it).
 func (c *Client) Resource(typ, name string, m proto.Message) bool {
 	c.mu.Lock()
 	e, ok := c.resources[typ][name]
@@ -528,4 +520,153 @@ func (c *Client) TrimLog() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.log = nil
+}
+
+// frame receives a response's bytes undecoded (see rawCodec).
+type frame struct{ buf mem.Buffer }
+
+// rawCodec hands responses to the client as bytes; requests go through proto.
+type rawCodec struct{ proto encoding.CodecV2 }
+
+func (rawCodec) Name() string { return "proto" }
+
+func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+
+func (c rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if f, ok := v.(*frame); ok {
+		f.buf = data.MaterializeToBuffer(mem.DefaultBufferPool())
+		return nil
+	}
+	return c.proto.Unmarshal(data, v)
+}
+
+// item is one resource of a response: its name and its encoded message (Any.value).
+type item struct {
+	name  []byte
+	value []byte
+}
+
+// parseResponse reads a DiscoveryResponse or DeltaDiscoveryResponse from the wire. The
+// returned slices alias b.
+func parseResponse(b []byte, delta bool) (Response, []item, []string, error) {
+	var r Response
+	var items []item
+	var removed []string
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return r, nil, nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return r, nil, nil, protowire.ParseError(n)
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return r, nil, nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch num {
+		case 1:
+			r.Version = string(v)
+		case 2:
+			it, err := parseResource(v, delta)
+			if err != nil {
+				return r, nil, nil, err
+			}
+			items = append(items, it)
+		case 4:
+			r.TypeURL = string(v)
+		case 5:
+			r.Nonce = string(v)
+		case 6:
+			if delta {
+				removed = append(removed, string(v))
+			}
+		}
+	}
+	return r, items, removed, nil
+}
+
+// parseResource reads an Any (SotW) or a Resource holding an Any (delta).
+func parseResource(b []byte, delta bool) (item, error) {
+	var it item
+	var anyBytes []byte
+	if delta {
+		fields, err := bytesFields(b)
+		if err != nil {
+			return it, err
+		}
+		it.name, anyBytes = fields[3], fields[2]
+	} else {
+		anyBytes = b
+	}
+	fields, err := bytesFields(anyBytes)
+	if err != nil {
+		return it, err
+	}
+	it.value = fields[2]
+	if it.name == nil {
+		name, err := nameOf(it.value)
+		if err != nil {
+			return it, err
+		}
+		it.name = name
+	}
+	return it, nil
+}
+
+// bytesFields returns the length-delimited fields 1-3 of a message.
+func bytesFields(b []byte) ([4][]byte, error) {
+	var out [4][]byte
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return out, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ == protowire.BytesType && num >= 1 && num <= 3 {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return out, protowire.ParseError(m)
+			}
+			out[num] = v
+			b = b[m:]
+			continue
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return out, protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return out, nil
+}
+
+// nameOf reads field 1 (name / cluster_name) of Cluster, Listener, RouteConfiguration and
+// ClusterLoadAssignment without decoding the rest.
+func nameOf(b []byte) ([]byte, error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			return v, nil
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return nil, errors.New("resource without a name")
 }

@@ -114,6 +114,9 @@ func StartLoader(ctx context.Context, bin, addr string, proxies int, delta bool)
 	if delta {
 		args = append(args, "--delta")
 	}
+	if p := os.Getenv("WASMESH_BENCH_LOADPROFILE"); p != "" {
+		args = append(args, "--cpuprofile", p)
+	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()

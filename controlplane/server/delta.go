@@ -70,8 +70,6 @@ func (s *Server) DeltaAggregatedResources(stream discovery.AggregatedDiscoverySe
 	}
 }
 
-func versionOf(h uint64) string { return strconv.FormatUint(h, 36) }
-
 func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, r *discovery.DeltaDiscoveryRequest) error {
 	typ := r.GetTypeUrl()
 	c.mu.Lock()
@@ -194,17 +192,12 @@ func (c *Connection) sendDeltaChanged(stream discovery.AggregatedDiscoveryServic
 
 func (c *Connection) sendDeltaItems(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, items []*xds.Resource, removed []string, known *xds.Resources) error {
 	start := time.Now()
-	res := make([]*discovery.Resource, len(items))
-	bytes := 0
-	for i, it := range items {
-		res[i] = &discovery.Resource{Name: it.Name, Version: versionOf(it.Hash), Resource: it.Any}
-		bytes += len(it.Any.Value)
-	}
 	nonce := c.srv.nextNonce()
-	resp := &discovery.DeltaDiscoveryResponse{SystemVersionInfo: snap.Version, Resources: res, RemovedResources: removed, TypeUrl: typ, Nonce: nonce}
-	if err := c.sendWithTimeout(func() error { return stream.Send(resp) }); err != nil {
+	resp := xds.EncodeDelta(snap.Version, typ, nonce, known, items, removed)
+	if err := c.sendWithTimeout(func() error { return stream.SendMsg(resp) }); err != nil {
 		return err
 	}
+	bytes := resp.Size()
 	c.recordSent(typ, w, nonce, snap.Version, known, bytes)
 	c.srv.metrics.PushTime.WithLabelValues(xds.ShortType(typ)).Observe(time.Since(start).Seconds())
 	return nil

@@ -25,6 +25,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
 // Options tune the server; Defaults gives istiod's values.
@@ -340,6 +341,7 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 		// Thousands of mostly idle streams: return write buffers to a pool between writes
 		// and keep read buffers small, so a connection costs little memory when quiet.
 		grpc.SharedWriteBuffer(true),
+		grpc.ForceServerCodecV2(xds.NewCodec()),
 		grpc.ReadBufferSize(8 << 10),
 	}, extra...)
 	g := grpc.NewServer(opts...)

@@ -4,7 +4,6 @@ import (
 	"time"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
@@ -213,17 +212,13 @@ func (c *Connection) sendSotwAll(stream discovery.AggregatedDiscoveryService_Str
 
 func (c *Connection) sendSotwItems(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, items []*xds.Resource, known *xds.Resources) error {
 	start := time.Now()
-	res := make([]*anypb.Any, len(items))
-	bytes := 0
-	for i, it := range items {
-		res[i] = it.Any
-		bytes += len(it.Any.Value)
-	}
 	nonce := c.srv.nextNonce()
-	resp := &discovery.DiscoveryResponse{VersionInfo: snap.Version, Resources: res, TypeUrl: typ, Nonce: nonce}
-	if err := c.sendWithTimeout(func() error { return stream.Send(resp) }); err != nil {
+	// Encoded once per shared set; this connection adds only its header.
+	resp := xds.EncodeSotw(snap.Version, typ, nonce, known, items)
+	if err := c.sendWithTimeout(func() error { return stream.SendMsg(resp) }); err != nil {
 		return err
 	}
+	bytes := resp.Size()
 	c.recordSent(typ, w, nonce, snap.Version, known, bytes)
 	c.srv.metrics.PushTime.WithLabelValues(xds.ShortType(typ)).Observe(time.Since(start).Seconds())
 	return nil

@@ -53,6 +53,8 @@ type Resource struct {
 	Hash uint64
 	// Message is the resource before marshalling, kept for debug output and tests.
 	Message proto.Message
+	// wire is the encoded Any; Any.Value aliases its tail, so the bytes exist once.
+	wire []byte
 }
 
 // Resources is a generated set of one type, sorted by name.
@@ -60,6 +62,7 @@ type Resources struct {
 	Items []*Resource
 	// Hash covers every item's name and hash: equal hashes mean an identical set.
 	Hash uint64
+	enc  encodedSet
 }
 
 // Names lists the resource names.
@@ -83,11 +86,14 @@ func newResource(name string, m proto.Message) *Resource {
 	}
 	h := fnv.New64a()
 	_, _ = h.Write(b)
+	typeURL := "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName())
+	wire, off := encodeAny(typeURL, b)
 	return &Resource{
 		Name:    name,
-		Any:     &anypb.Any{TypeUrl: "type.googleapis.com/" + string(m.ProtoReflect().Descriptor().FullName()), Value: b},
+		Any:     &anypb.Any{TypeUrl: typeURL, Value: wire[off:]},
 		Hash:    h.Sum64(),
 		Message: m,
+		wire:    wire,
 	}
 }
 

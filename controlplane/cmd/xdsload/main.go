@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,7 @@ type options struct {
 	delta   bool
 	timeout time.Duration
 	dialers int
+	profile string
 }
 
 func newCommand() *cobra.Command {
@@ -50,6 +52,17 @@ func newCommand() *cobra.Command {
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.profile != "" {
+				f, err := os.Create(o.profile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			return run(cmd.Context(), o, os.Stdin, os.Stdout)
 		},
 	}
@@ -58,6 +71,7 @@ func newCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&o.delta, "delta", false, "use delta xDS")
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
 	cmd.Flags().IntVar(&o.dialers, "dialers", 50, "connections opened concurrently")
+	cmd.Flags().StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of the load client here")
 	return cmd
 }
 
