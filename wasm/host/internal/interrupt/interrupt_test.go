@@ -97,17 +97,20 @@ func TestStopFlagEndsARunawayLoop(t *testing.T) {
 	}
 }
 
-// One check per loop, whatever else the code holds.
+// One check per loop, one counter per function, one global and one export: nothing else
+// changes.
 func TestEveryLoopGetsACheck(t *testing.T) {
 	orig := testModule()
 	ins, err := Instrument(orig)
 	require.NoError(t, err)
-	chk := check(0, 1)
-	assert.Equal(t, 2, bytes.Count(ins, chk), "spin and sum have one loop each")
-	globalSection := 2 + len("\x02\x7f\x01\x41\x00\x0b\x7f\x01\x41\xe8\x07\x0b") // id, size, two globals
-	export := 1 + len(GlobalName) + 2                                            // name, kind, index
-	assert.Equal(t, len(orig)+2*len(chk)+globalSection+export, len(ins),
-		"two checks, two globals and one export added, nothing else")
+	// The counter follows the params and the one local wasmgen declares.
+	spinCheck, sumCheck := check(0, 1), check(0, 2)
+	assert.Equal(t, 1, bytes.Count(ins, spinCheck))
+	assert.Equal(t, 1, bytes.Count(ins, sumCheck))
+	counters := 2 * 2                                    // a (1, i32) local group per function
+	globalSection := 2 + len("\x01\x7f\x01\x41\x00\x0b") // id, size, one global
+	export := 1 + len(GlobalName) + 2                    // name, kind, index
+	assert.Equal(t, len(orig)+len(spinCheck)+len(sumCheck)+counters+globalSection+export, len(ins))
 }
 
 func TestRefusals(t *testing.T) {
