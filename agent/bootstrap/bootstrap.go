@@ -252,6 +252,9 @@ func nodeMetadata(in Input, env map[string]string, workload, mode string, ips []
 		"INTERCEPTION_MODE": mode,
 		"ISTIO_VERSION":     in.Version,
 		"WASMESH_LOCALHOST": in.Localhost,
+		// The agent reports this pod's health to discovery (package healthreport), so
+		// its endpoint waits for a healthy report (docs/contracts.md).
+		"WASMESH_HEALTH_CHECKED": "true",
 		"LABELS":            stringMapAny(in.Labels),
 		"ANNOTATIONS":       stringMapAny(in.Annotations),
 		"PROXY_CONFIG":      pcJSON,

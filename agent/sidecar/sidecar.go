@@ -20,9 +20,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
@@ -31,6 +33,7 @@ import (
 	"github.com/wasmesh/wasmesh/agent/certwatch"
 	"github.com/wasmesh/wasmesh/agent/drain"
 	"github.com/wasmesh/wasmesh/agent/envoyproc"
+	"github.com/wasmesh/wasmesh/agent/healthreport"
 	"github.com/wasmesh/wasmesh/agent/podinfo"
 	"github.com/wasmesh/wasmesh/agent/probe"
 	"github.com/wasmesh/wasmesh/agent/proxyconfig"
@@ -64,6 +67,9 @@ type Options struct {
 	DrainPollInterval time.Duration
 	// QuitGrace is how long the proxy has to exit after /quitquitquit before it is killed.
 	QuitGrace time.Duration
+	// HealthPeriod is how often the pod's health is checked and, when it changed, reported
+	// to discovery (default 500ms).
+	HealthPeriod time.Duration
 	// ProxyEnv is added to the proxy's environment.
 	ProxyEnv       []string
 	Stdout, Stderr io.Writer
@@ -99,6 +105,9 @@ func New(o Options) (*Agent, error) {
 	}
 	if o.Retry.MaxRetries == 0 && o.Retry.InitialInterval == 0 {
 		o.Retry = supervisor.DefaultRetry()
+	}
+	if o.HealthPeriod <= 0 {
+		o.HealthPeriod = 500 * time.Millisecond
 	}
 	if o.DrainPollInterval <= 0 {
 		o.DrainPollInterval = time.Second
@@ -263,6 +272,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 
+	reporter, err := a.healthReporter()
+	if err != nil {
+		return err
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); reporter.Run(runCtx) }()
+	go func() { defer wg.Done(); a.reportHealth(runCtx, srv, reporter) }()
+
 	supErr := make(chan error, 1)
 	wg.Add(1)
 	go func() {
@@ -297,6 +314,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	a.draining.Store(true)
+	// Out of every proxy's load balancing first, then drain: requests already routed here
+	// finish, and no new ones are sent once discovery has pushed the change.
+	reporter.Set(errors.New("pod is terminating"))
+	flushCtx, stopFlush := context.WithTimeout(context.Background(), time.Second)
+	if err := reporter.Flush(flushCtx); err != nil {
+		a.log.Warn("could not report termination to discovery before draining", "err", err)
+	}
+	stopFlush()
 	drainCtx, stopDrain := context.WithCancel(context.Background())
 	var supResult error
 	supGone := make(chan struct{})
@@ -325,6 +350,51 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent stopped")
 	return nil
+}
+
+// healthReporter reports to the discovery address the bootstrap uses, as the proxy's node.
+func (a *Agent) healthReporter() (*healthreport.Reporter, error) {
+	meta, err := structpb.NewStruct(a.params.Metadata)
+	if err != nil {
+		return nil, fmt.Errorf("node metadata for health reports: %w", err)
+	}
+	node := &corev3.Node{Id: a.params.NodeID, Cluster: a.params.Cluster, Metadata: meta}
+	addr := net.JoinHostPort(a.params.DiscoveryHost, strconv.Itoa(a.params.DiscoveryPort))
+	return healthreport.New(addr, node, a.log), nil
+}
+
+// reportHealth checks the pod's health every HealthPeriod until ctx ends: ready (as
+// /healthz/ready says) and every application port accepting connections on the pod's
+// localhost, the way a tcpSocket readiness probe checks the application itself.
+func (a *Agent) reportHealth(ctx context.Context, srv *status.Server, r *healthreport.Reporter) {
+	t := time.NewTicker(a.o.HealthPeriod)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := srv.Ready(cctx)
+		for _, p := range a.o.ApplicationPorts {
+			if err != nil {
+				break
+			}
+			var c net.Conn
+			d := net.Dialer{Timeout: 500 * time.Millisecond}
+			if c, err = d.DialContext(cctx, "tcp", net.JoinHostPort(a.params.Localhost, strconv.Itoa(p))); err == nil {
+				c.Close()
+			} else {
+				err = fmt.Errorf("application port %d: %w", p, err)
+			}
+		}
+		cancel()
+		if ctx.Err() != nil || a.draining.Load() {
+			return // termination reports for itself
+		}
+		r.Set(err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // baseID reads WASMESH_BASE_ID (docs/contracts.md): the local mesh runs many proxies on

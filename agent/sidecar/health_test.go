@@ -1,0 +1,84 @@
+package sidecar_test
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	"github.com/wasmesh/wasmesh/agent/healthreport"
+	"github.com/wasmesh/wasmesh/agent/internal/proxytest"
+)
+
+// discoveryRecorder stands where discovery is and records the agent's health reports.
+type discoveryRecorder struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+	mu      sync.Mutex
+	reports []string // "" for healthy
+	node    string
+}
+
+func (d *discoveryRecorder) StreamAggregatedResources(s discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	for {
+		req, err := s.Recv()
+		if err != nil {
+			return nil
+		}
+		if req.GetTypeUrl() != healthreport.TypeURL {
+			continue
+		}
+		d.mu.Lock()
+		d.reports = append(d.reports, req.GetErrorDetail().GetMessage())
+		d.node = req.GetNode().GetId()
+		d.mu.Unlock()
+	}
+}
+
+func (d *discoveryRecorder) last() (string, int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.reports) == 0 {
+		return "<none>", 0
+	}
+	return d.reports[len(d.reports)-1], len(d.reports)
+}
+
+// The pod tells discovery it is unhealthy until ready, healthy once ready, and
+// unhealthy again as soon as it is asked to terminate, before it drains.
+func TestHealthReportedToDiscovery(t *testing.T) {
+	proxytest.RequireKnobs(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	rec := &discoveryRecorder{}
+	srv := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, rec)
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+
+	r := start(t, pod{appPorts: []int{18080}, env: []string{
+		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":%q,"terminationDrainDuration":"1s"}`, l.Addr().String())}})
+	require.Eventually(t, func() bool { s, _ := rec.last(); return s != "<none>" && s != "" }, 10*time.Second, 20*time.Millisecond,
+		"a pod whose proxy has no config yet is reported unhealthy")
+	require.Eventually(t, r.readyIs(503, "INITIALIZING"), 10*time.Second, 20*time.Millisecond)
+
+	r.adminPost(t, "/testproxy/xds", fmt.Sprintf(`{"inbound":["%s:18080"]}`, r.ip))
+	require.Eventually(t, func() bool { s, _ := rec.last(); return s == "" }, 10*time.Second, 20*time.Millisecond,
+		"a ready pod is reported healthy")
+	rec.mu.Lock()
+	assert.Contains(t, rec.node, "sidecar~"+r.ip+"~web-5d9c7b6f4-x7k2p.shop~shop.svc.cluster.local")
+	rec.mu.Unlock()
+
+	r.cancel()
+	require.Eventually(t, func() bool { s, _ := rec.last(); return s == "pod is terminating" }, 5*time.Second, 10*time.Millisecond)
+	_, n := rec.last()
+	assert.Equal(t, 503, func() int { c, _ := r.get("/healthz/ready", 15020); return c }(), "still draining when the report arrived")
+	require.NoError(t, r.wait(t, 10*time.Second))
+	_, after := rec.last()
+	assert.Equal(t, n, after, "nothing reported after termination began")
+}
