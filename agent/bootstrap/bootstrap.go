@@ -255,9 +255,9 @@ func nodeMetadata(in Input, env map[string]string, workload, mode string, ips []
 		// The agent reports this pod's health to discovery (package healthreport), so
 		// its endpoint waits for a healthy report (docs/contracts.md).
 		"WASMESH_HEALTH_CHECKED": "true",
-		"LABELS":            stringMapAny(in.Labels),
-		"ANNOTATIONS":       stringMapAny(in.Annotations),
-		"PROXY_CONFIG":      pcJSON,
+		"LABELS":                 stringMapAny(in.Labels),
+		"ANNOTATIONS":            stringMapAny(in.Annotations),
+		"PROXY_CONFIG":           pcJSON,
 	}
 	if id := in.ProxyConfig.GetMeshId(); id != "" {
 		meta["MESH_ID"] = id
