@@ -452,9 +452,12 @@ func (c *Client) Names(typ string) []string {
 // thin, kept no bytes of it).
 func (c *Client) Resource(typ, name string, m proto.Message) bool {
 	c.mu.Lock()
-	e, ok := c.resources[typ][name]
+	var raw []byte
+	if e := c.resources[typ][name]; e != nil {
+		raw = e.raw // apply replaces, never mutates, the bytes
+	}
 	c.mu.Unlock()
-	return ok && e.raw != nil && proto.Unmarshal(e.raw, m) == nil
+	return raw != nil && proto.Unmarshal(raw, m) == nil
 }
 
 // Responses returns every response received so far.

@@ -47,6 +47,27 @@ func ParseScales(spec string) ([]Scale, error) {
 	return out, nil
 }
 
+// ParseProtocols reads "delta,sotw" into delta flags; empty means delta only, the variant
+// the targets are set for (SotW is measured on request: it resends every cluster on each
+// change and every client repeats all its EDS names in each ACK, by design of the protocol).
+func ParseProtocols(spec string) ([]bool, error) {
+	if strings.TrimSpace(spec) == "" {
+		return []bool{true}, nil
+	}
+	var out []bool
+	for _, p := range strings.Split(spec, ",") {
+		switch strings.TrimSpace(p) {
+		case "delta":
+			out = append(out, true)
+		case "sotw":
+			out = append(out, false)
+		default:
+			return nil, fmt.Errorf("xds protocol %q: want delta or sotw", p)
+		}
+	}
+	return out, nil
+}
+
 // ServiceEntries renders n ServiceEntries, each selecting its own workloads, and one
 // WorkloadEntry per service, in the namespace "load".
 func ServiceEntries(n int) string {

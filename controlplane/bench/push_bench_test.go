@@ -35,21 +35,27 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
-// BenchmarkPush: for each scale, discovery and the go-control-plane baseline each serve
-// the same load clients; "change=full" adds a ServiceEntry and waits until every client has
-// ACKed its cluster and endpoints; "change=endpoints" registers a workload and waits until
-// every client has ACKed the new endpoint. Select scales with WASMESH_BENCH_SCALES
-// (e.g. "100x100,1000x2000").
+// BenchmarkPush: for each protocol and scale, discovery and the go-control-plane baseline
+// each serve the same load clients; "change=full" adds a ServiceEntry and waits until every
+// client has ACKed its cluster and endpoints; "change=endpoints" registers a workload and
+// waits until every client has ACKed the new endpoint. Select scales with
+// WASMESH_BENCH_SCALES (e.g. "100x100,1000x2000") and protocols with WASMESH_BENCH_XDS
+// ("delta", "sotw" or both, comma-separated).
 func BenchmarkPush(b *testing.B) {
 	scales, err := ParseScales(os.Getenv("WASMESH_BENCH_SCALES"))
 	require.NoError(b, err)
+	protocols, err := ParseProtocols(os.Getenv("WASMESH_BENCH_XDS"))
+	require.NoError(b, err)
 	bin, err := LoaderBinary(b.TempDir())
 	require.NoError(b, err)
-	for _, sc := range scales {
-		b.Run(fmt.Sprintf("services=%d/proxies=%d", sc.Services, sc.Proxies), func(b *testing.B) {
-			b.Run("server=wasmesh", func(b *testing.B) { benchWasmesh(b, bin, sc) })
-			b.Run("server=go-control-plane", func(b *testing.B) { benchBaseline(b, bin, sc) })
-		})
+	for _, delta := range protocols {
+		for _, sc := range scales {
+			name := fmt.Sprintf("xds=%s/services=%d/proxies=%d", map[bool]string{true: "delta", false: "sotw"}[delta], sc.Services, sc.Proxies)
+			b.Run(name, func(b *testing.B) {
+				b.Run("server=wasmesh", func(b *testing.B) { benchWasmesh(b, bin, sc, delta) })
+				b.Run("server=go-control-plane", func(b *testing.B) { benchBaseline(b, bin, sc, delta) })
+			})
+		}
 	}
 }
 
@@ -96,7 +102,7 @@ func measure(b *testing.B, bytes *ByteCounter, memPerProxy float64, debounce tim
 	b.ReportMetric(memPerProxy/1024, "server-KiB/proxy")
 }
 
-func benchWasmesh(b *testing.B, bin string, sc Scale) {
+func benchWasmesh(b *testing.B, bin string, sc Scale, delta bool) {
 	dir := b.TempDir()
 	require.NoError(b, os.WriteFile(filepath.Join(dir, "services.yaml"), []byte(ServiceEntries(sc.Services)), 0o644))
 	bytes := &ByteCounter{}
@@ -114,7 +120,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale) {
 		runtime.Gosched()
 	}
 	memBefore := memory()
-	loader, err := StartLoader(ctx, bin, d.GRPCAddr(), sc.Proxies, false)
+	loader, err := StartLoader(ctx, bin, d.GRPCAddr(), sc.Proxies, delta)
 	require.NoError(b, err)
 	defer loader.Stop()
 	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)
@@ -189,7 +195,7 @@ func (bl *baseline) set(s *cachev3.Snapshot) {
 	}
 }
 
-func benchBaseline(b *testing.B, bin string, sc Scale) {
+func benchBaseline(b *testing.B, bin string, sc Scale, delta bool) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	bl := &baseline{reg: registry.NewServiceEntries(log, metrics.New(prometheus.NewRegistry())), nodes: sc.Proxies,
 		cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
@@ -215,7 +221,7 @@ func benchBaseline(b *testing.B, bin string, sc Scale) {
 	defer g.Stop()
 
 	memBefore := memory()
-	loader, err := StartLoader(ctx, bin, lis.Addr().String(), sc.Proxies, false)
+	loader, err := StartLoader(ctx, bin, lis.Addr().String(), sc.Proxies, delta)
 	require.NoError(b, err)
 	defer loader.Stop()
 	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"sync"
 	"time"
 
@@ -25,9 +24,10 @@ type Connection struct {
 	ConnectedAt time.Time
 
 	srv      *Server
+	shape    string // xds.Shape of the proxy
 	workload *model.Workload
 	delta    bool
-	pushCh   chan *pushEvent
+	pushCh   chan *delivery
 	stopped  chan struct{}
 
 	mu      sync.Mutex
@@ -104,7 +104,7 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 	defer c.mu.Unlock()
 	switch {
 	case c.view == nil || c.view.Snapshot.FullVersion != snap.FullVersion:
-		c.view = xds.NewView(snap, c.Proxy)
+		c.view = xds.CachedView(snap, c.Proxy, c.shape)
 	case c.view.Snapshot != snap:
 		v := *c.view
 		v.Snapshot = snap
@@ -113,41 +113,20 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 	return c.view
 }
 
-func (c *Connection) watchesAnyHost(snap *push.Snapshot, hosts map[string]struct{}) bool {
+// watchesAny reports whether the connection subscribes to any of the EDS clusters.
+func (c *Connection) watchesAny(clusters []string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w := c.watches[xds.EndpointType]
 	if w == nil {
 		return false
 	}
-	for h := range hosts {
-		for _, n := range xds.EDSClusterNames(snap, h) {
-			if w.sub.has(n) {
-				return true
-			}
+	for _, n := range clusters {
+		if w.sub.has(n) {
+			return true
 		}
 	}
 	return false
-}
-
-// edsNames lists the watched clusters of the changed hosts.
-func (c *Connection) edsNames(snap *push.Snapshot, hosts map[string]struct{}) []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w := c.watches[xds.EndpointType]
-	if w == nil {
-		return nil
-	}
-	var out []string
-	for h := range hosts {
-		for _, n := range xds.EDSClusterNames(snap, h) {
-			if w.sub.has(n) {
-				out = append(out, n)
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 // subscribe replaces a watch's subscription (caller holds c.mu).
@@ -249,11 +228,12 @@ func (s *Server) newConnection(ctx context.Context, node *core.Node, delta bool)
 	}
 	c := &Connection{
 		ID: fmt.Sprintf("%s-%d", p.ID, s.connSeq.Add(1)), Proxy: p, ConnectedAt: time.Now(), srv: s, delta: delta,
-		pushCh: make(chan *pushEvent), stopped: make(chan struct{}), watches: map[string]*watch{},
+		pushCh: make(chan *delivery), stopped: make(chan struct{}), watches: map[string]*watch{},
 	}
 	if w, ok := p.Workload(); ok {
 		c.workload = w
 	}
+	c.shape = xds.Shape(p)
 	return c, nil
 }
 

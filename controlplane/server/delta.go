@@ -53,9 +53,9 @@ func (s *Server) DeltaAggregatedResources(stream discovery.AggregatedDiscoverySe
 			if err := c.onDeltaRequest(stream, r); err != nil {
 				return err
 			}
-		case ev := <-c.pushCh:
-			err := c.pushDelta(stream, ev)
-			close(ev.done)
+		case d := <-c.pushCh:
+			err := c.pushDelta(stream, d.ev)
+			close(d.done)
 			if err != nil {
 				return err
 			}
@@ -99,32 +99,24 @@ func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_
 	changedSubs := false
 	c.mu.Lock()
 	if !w.wildcard {
-		names := append([]string(nil), w.sub.namesOrNil()...)
-		drop := map[string]bool{}
+		var add, remove []string
 		for _, n := range r.GetResourceNamesUnsubscribe() {
 			if w.sub.has(n) {
-				drop[n] = true
+				remove = append(remove, n)
 			}
-		}
-		if len(drop) > 0 {
-			kept := names[:0]
-			for _, n := range names {
-				if !drop[n] {
-					kept = append(kept, n)
-				}
-			}
-			names = kept
 		}
 		for _, n := range r.GetResourceNamesSubscribe() {
 			if n != "*" && !w.sub.has(n) {
-				names = append(names, n)
-				changedSubs = true
+				add = append(add, n)
 			}
 		}
-		if changedSubs || len(drop) > 0 || w.sub == nil {
-			// Forgetting unsubscribed names in known (subscribe does) keeps them from being
-			// reported as removed.
-			c.subscribe(w, names)
+		changedSubs = len(add) > 0
+		if len(add) > 0 || len(remove) > 0 || w.sub == nil {
+			w.sub = c.srv.subs.change(w.sub, add, remove)
+			if w.known != nil && len(remove) > 0 {
+				// Forgetting unsubscribed names keeps them from being reported as removed.
+				w.known = xds.Select(w.known, w.sub.set)
+			}
 		}
 	}
 	c.mu.Unlock()

@@ -1,18 +1,40 @@
 package server
 
 import (
+	"sort"
 	"sync"
 	"time"
 
 	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
-// pushEvent asks one connection to push a snapshot.
+// pushEvent asks connections to push a snapshot; one event is shared by every connection
+// of a push (merging makes a new one), so what it derives is computed once.
 type pushEvent struct {
 	snap   *push.Snapshot
 	req    *push.Request
 	queued time.Time
-	done   chan struct{}
+
+	clustersOnce sync.Once
+	clusters     []string
+}
+
+// edsClusters lists the EDS clusters of the hosts an endpoints-only push changed.
+func (e *pushEvent) edsClusters() []string {
+	e.clustersOnce.Do(func() {
+		for h := range e.req.EDSHosts {
+			e.clusters = append(e.clusters, xds.EDSClusterNames(e.snap, h)...)
+		}
+		sort.Strings(e.clusters)
+	})
+	return e.clusters
+}
+
+// delivery hands an event to a connection; done is closed when its push is sent.
+type delivery struct {
+	ev   *pushEvent
+	done chan struct{}
 }
 
 func (e *pushEvent) merge(o *pushEvent) *pushEvent {

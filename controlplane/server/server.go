@@ -77,6 +77,7 @@ type PushStatus struct {
 	Full        bool           `json:"full"`
 	Reasons     map[string]int `json:"reasons"`
 	Start       time.Time      `json:"start"`
+	BuiltAt     time.Time      `json:"builtAt"`
 	BuildTime   string         `json:"buildTime"`
 	Connections int            `json:"connections"`
 	Queued      int            `json:"queued"`
@@ -232,7 +233,7 @@ func (s *Server) build(r *push.Request) *push.Snapshot {
 	s.metrics.PushContextInitTime.Observe(elapsed.Seconds())
 	s.metrics.Services.Set(float64(len(snap.Services)))
 	s.mu.Lock()
-	s.status = PushStatus{Version: version, Full: full, Reasons: r.Reasons, Start: r.Start, BuildTime: elapsed.String(),
+	s.status = PushStatus{Version: version, Full: full, Reasons: r.Reasons, Start: r.Start, BuiltAt: time.Now(), BuildTime: elapsed.String(),
 		Services: len(snap.Services), Configs: snap.Configs.Len()}
 	s.mu.Unlock()
 	if full && !r.Full {
@@ -252,9 +253,10 @@ func (s *Server) push(ctx context.Context, r *push.Request) {
 		conns = append(conns, c)
 	}
 	s.mu.RUnlock()
+	ev := &pushEvent{snap: snap, req: r, queued: time.Now()}
 	for _, c := range conns {
-		if r.Full || c.watchesAnyHost(snap, r.EDSHosts) {
-			s.queue.Enqueue(c, &pushEvent{snap: snap, req: r, queued: time.Now()})
+		if r.Full || c.watchesAny(ev.edsClusters()) {
+			s.queue.Enqueue(c, ev)
 		}
 	}
 }
@@ -266,12 +268,12 @@ func (s *Server) pushWorker(ctx context.Context) {
 			return
 		}
 		s.metrics.QueueTime.Observe(time.Since(ev.queued).Seconds())
-		ev.done = make(chan struct{})
+		d := &delivery{ev: ev, done: make(chan struct{})}
 		select {
-		case c.pushCh <- ev:
+		case c.pushCh <- d:
 			// The connection closes done when the push is sent, or when it ends.
 			select {
-			case <-ev.done:
+			case <-d.done:
 			case <-c.stopped:
 			case <-ctx.Done():
 			}
@@ -341,6 +343,8 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 		// Thousands of mostly idle streams: return write buffers to a pool between writes
 		// and keep read buffers small, so a connection costs little memory when quiet.
 		grpc.SharedWriteBuffer(true),
+		// Large responses go out in fewer, larger writes; the buffer is pooled, not per stream.
+		grpc.WriteBufferSize(256 << 10),
 		grpc.ForceServerCodecV2(xds.NewCodec()),
 		grpc.ReadBufferSize(8 << 10),
 	}, extra...)

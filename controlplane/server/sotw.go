@@ -51,9 +51,9 @@ func (s *Server) StreamAggregatedResources(stream discovery.AggregatedDiscoveryS
 			if err := c.onSotwRequest(stream, r); err != nil {
 				return err
 			}
-		case ev := <-c.pushCh:
-			err := c.pushSotw(stream, ev)
-			close(ev.done)
+		case d := <-c.pushCh:
+			err := c.pushSotw(stream, d.ev)
+			close(d.done)
 			if err != nil {
 				return err
 			}
@@ -103,14 +103,6 @@ func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_S
 	return err
 }
 
-func nameSet(names []string) map[string]struct{} {
-	m := make(map[string]struct{}, len(names))
-	for _, n := range names {
-		m[n] = struct{}{}
-	}
-	return m
-}
-
 // pushSotw sends what a push changed, type by type in Envoy's order. CDS and LDS go out
 // whole when anything in them changed (SotW needs the full set); EDS and RDS send only the
 // resources that changed, plus the assignments of clusters that CDS just replaced, which
@@ -149,18 +141,33 @@ func (c *Connection) pushSotw(stream discovery.AggregatedDiscoveryService_Stream
 
 // pushEDSOnly sends the assignments of the changed hosts' clusters this proxy watches.
 func (c *Connection) pushEDSOnly(ev *pushEvent, send func(typ string, w *watch, items []*xds.Resource, known *xds.Resources) error) error {
-	names := c.edsNames(ev.snap, ev.req.EDSHosts)
 	c.mu.Lock()
 	w := c.watches[xds.EndpointType]
+	var names []string
+	if w != nil {
+		for _, n := range ev.edsClusters() {
+			if w.sub.has(n) {
+				names = append(names, n)
+			}
+		}
+	}
 	c.mu.Unlock()
-	if w == nil || len(names) == 0 {
+	if len(names) == 0 {
 		return nil
 	}
 	// The new full set is shared by every proxy with this subscription; the client gets the
-	// changed part of it.
+	// changed part of it, found by name without walking the whole set.
 	cur := generate(c.viewFor(ev.snap), xds.EndpointType, w)
-	sel := nameSet(names)
-	changed, _ := xds.Diff(xds.Select(w.known, sel), xds.Select(cur, sel))
+	var changed []*xds.Resource
+	for _, n := range names {
+		nr := cur.Find(n)
+		if nr == nil {
+			continue
+		}
+		if or := w.known.Find(n); or == nil || or.Hash != nr.Hash {
+			changed = append(changed, nr)
+		}
+	}
 	if len(changed) == 0 {
 		return nil
 	}

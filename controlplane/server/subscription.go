@@ -1,7 +1,7 @@
 package server
 
 import (
-	"hash/fnv"
+	"hash/maphash"
 	"slices"
 	"sync"
 
@@ -16,6 +16,9 @@ type subscription struct {
 	names []string // sorted, read-only
 	set   map[string]struct{}
 	refs  int
+	// next remembers where a delta change led from here, so thousands of proxies making the
+	// same change (a new cluster) share one result without sorting and hashing each time.
+	next map[string]*subscription
 }
 
 func (s *subscription) has(name string) bool {
@@ -48,22 +51,25 @@ func (s *subscription) sameAs(names []string) bool {
 
 // subscriptions interns subscriptions by content, reference counted.
 type subscriptions struct {
-	mu sync.Mutex
-	m  map[uint64][]*subscription
+	seed maphash.Seed
+	mu   sync.Mutex
+	m    map[uint64][]*subscription
 }
 
-func newSubscriptions() *subscriptions { return &subscriptions{m: map[uint64][]*subscription{}} }
+func newSubscriptions() *subscriptions {
+	return &subscriptions{seed: maphash.MakeSeed(), m: map[uint64][]*subscription{}}
+}
 
 // acquire returns the shared subscription for names (which it may reorder).
 func (ss *subscriptions) acquire(names []string) *subscription {
-	slices.Sort(names)
-	names = slices.Compact(names)
-	h := fnv.New64a()
-	for _, n := range names {
-		_, _ = h.Write([]byte(n))
-		_, _ = h.Write([]byte{0})
+	if !slices.IsSorted(names) {
+		slices.Sort(names)
 	}
-	key := h.Sum64()
+	names = slices.Compact(names)
+	var key uint64
+	for _, n := range names {
+		key = key*1099511628211 ^ maphash.String(ss.seed, n)
+	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	for _, s := range ss.m[key] {
@@ -135,4 +141,56 @@ func (s *subscription) namesOrNil() []string {
 		return nil
 	}
 	return s.names
+}
+
+// change returns the subscription that results from adding and removing names (delta
+// requests), acquiring it and releasing from.
+func (ss *subscriptions) change(from *subscription, add, remove []string) *subscription {
+	if len(add) == 0 && len(remove) == 0 && from != nil {
+		return from
+	}
+	var key string
+	if from != nil {
+		var b []byte
+		for _, n := range add {
+			b = append(append(b, '+'), n...)
+		}
+		for _, n := range remove {
+			b = append(append(b, '-'), n...)
+		}
+		key = string(b)
+		ss.mu.Lock()
+		if to := from.next[key]; to != nil && to.refs > 0 {
+			to.refs++
+			ss.mu.Unlock()
+			ss.release(from)
+			return to
+		}
+		ss.mu.Unlock()
+	}
+	drop := make(map[string]bool, len(remove))
+	for _, n := range remove {
+		drop[n] = true
+	}
+	names := make([]string, 0, from.len()+len(add))
+	for _, n := range from.namesOrNil() {
+		if !drop[n] {
+			names = append(names, n)
+		}
+	}
+	names = append(names, add...)
+	to := ss.acquire(names)
+	if from != nil {
+		ss.mu.Lock()
+		if from.next == nil {
+			from.next = map[string]*subscription{}
+		}
+		if len(from.next) > 64 {
+			clear(from.next) // bounded: transitions are a cache
+		}
+		from.next[key] = to
+		ss.mu.Unlock()
+	}
+	ss.release(from)
+	return to
 }

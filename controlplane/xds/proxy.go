@@ -27,6 +27,34 @@ type View struct {
 	Key string
 }
 
+// Shape renders every proxy property NewView reads; proxies with the same shape get the
+// same view, so connections compute it once per snapshot (see CachedView).
+func Shape(p *model.Proxy) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s|%s|%s|%s|%s", p.Type, p.InterceptionMode, p.Namespace, model.SortedLabels(p.Labels), p.Localhost)
+	if p.InterceptionMode == model.InterceptionNone {
+		b.WriteString("|" + p.IP())
+	}
+	for _, pp := range p.PodPorts {
+		fmt.Fprintf(&b, "|%s=%d", pp.Name, pp.ContainerPort)
+	}
+	return b.String()
+}
+
+type viewKey struct{ shape string }
+
+// CachedView is NewView with the computed part shared by every proxy of the same shape
+// (Shape(p) == shape) within a snapshot.
+func CachedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
+	shared := snap.Full.Get(viewKey{shape}, func() any { return NewView(snap, p) }).(*View)
+	if shared.Proxy == p {
+		return shared
+	}
+	v := *shared
+	v.Proxy = p
+	return &v
+}
+
 // NewView computes the proxy's inbound ports and cache key for a snapshot.
 func NewView(snap *push.Snapshot, p *model.Proxy) *View {
 	v := &View{Proxy: p, Snapshot: snap}

@@ -179,3 +179,15 @@ func Select(r *Resources, names map[string]struct{}) *Resources {
 	}
 	return newResources(items)
 }
+
+// Find returns the item named name, or nil (binary search: items are sorted).
+func (r *Resources) Find(name string) *Resource {
+	if r == nil {
+		return nil
+	}
+	i := sort.Search(len(r.Items), func(i int) bool { return r.Items[i].Name >= name })
+	if i < len(r.Items) && r.Items[i].Name == name {
+		return r.Items[i]
+	}
+	return nil
+}
