@@ -460,6 +460,16 @@ func (c *Client) Resource(typ, name string, m proto.Message) bool {
 	return raw != nil && proto.Unmarshal(raw, m) == nil
 }
 
+// Raw returns the bytes kept of a resource (nil when none); callers must not modify them.
+func (c *Client) Raw(typ, name string) []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.resources[typ][name]; e != nil {
+		return e.raw
+	}
+	return nil
+}
+
 // Responses returns every response received so far.
 func (c *Client) Responses() []Response {
 	c.mu.Lock()

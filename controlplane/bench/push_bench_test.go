@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -82,7 +83,21 @@ func memory() uint64 {
 }
 
 // measure runs change b.N times and reports time to the last ACK, server CPU and bytes.
-func measure(b *testing.B, bytes *ByteCounter, memPerProxy float64, debounce time.Duration, change func(i int) (start, lastAck time.Time)) {
+// WASMESH_BENCH_CPUPROFILE=<dir> profiles the server and the load client during the changes.
+func measure(b *testing.B, loader *Loader, bytes *ByteCounter, memPerProxy float64, debounce time.Duration, change func(i int) (start, lastAck time.Time)) {
+	if dir := os.Getenv("WASMESH_BENCH_CPUPROFILE"); dir != "" {
+		name := strings.NewReplacer("/", "_", "=", "-").Replace(b.Name())
+		f, err := os.Create(filepath.Join(dir, name+".server.pprof"))
+		require.NoError(b, err)
+		require.NoError(b, pprof.StartCPUProfile(f))
+		_, err = loader.Wait("profile start " + filepath.Join(dir, name+".client.pprof"))
+		require.NoError(b, err)
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+			_, _ = loader.Wait("profile stop")
+		}()
+	}
 	var total time.Duration
 	before := sample(bytes)
 	b.ResetTimer()
@@ -129,7 +144,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta bool) {
 
 	next := sc.Services
 	b.Run("change=full", func(b *testing.B) {
-		measure(b, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
+		measure(b, loader, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
 			i := next
 			next++
 			start := time.Now()
@@ -142,7 +157,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta bool) {
 	})
 	seq := 0
 	b.Run("change=endpoints", func(b *testing.B) {
-		measure(b, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
+		measure(b, loader, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
 			seq++
 			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
 			start := time.Now()
@@ -228,7 +243,7 @@ func benchBaseline(b *testing.B, bin string, sc Scale, delta bool) {
 
 	next := sc.Services
 	b.Run("change=full", func(b *testing.B) {
-		measure(b, bytes, memPerProxy, 0, func(int) (time.Time, time.Time) {
+		measure(b, loader, bytes, memPerProxy, 0, func(int) (time.Time, time.Time) {
 			i := next
 			next++
 			start := time.Now()
@@ -244,7 +259,7 @@ func benchBaseline(b *testing.B, bin string, sc Scale, delta bool) {
 	})
 	seq := 0
 	b.Run("change=endpoints", func(b *testing.B) {
-		measure(b, bytes, memPerProxy, 0, func(int) (time.Time, time.Time) {
+		measure(b, loader, bytes, memPerProxy, 0, func(int) (time.Time, time.Time) {
 			seq++
 			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
 			start := time.Now()

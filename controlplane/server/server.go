@@ -345,6 +345,10 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 		grpc.SharedWriteBuffer(true),
 		// Large responses go out in fewer, larger writes; the buffer is pooled, not per stream.
 		grpc.WriteBufferSize(256 << 10),
+		// Fixed windows turn off gRPC's bandwidth-delay probing, which costs a ping and its
+		// answer per received message; proxies only send small requests.
+		grpc.InitialWindowSize(1 << 20),
+		grpc.InitialConnWindowSize(1 << 20),
 		grpc.ForceServerCodecV2(xds.NewCodec()),
 		grpc.ReadBufferSize(8 << 10),
 	}, extra...)

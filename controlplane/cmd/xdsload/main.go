@@ -5,11 +5,14 @@
 //	cluster <name>             wait until every client has the cluster and its endpoints
 //	endpoint <cluster> <addr>  wait until every client's assignment for cluster has addr
 //
-// Each wait answers "done <unix-nanos of the last ACK> <clients>" or "error <message>".
+//	profile start <file>       start a CPU profile of this process (profile stop ends it)
+//
+// Each command answers "done <unix-nanos of the last ACK> <clients>" or "error <message>".
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -132,6 +135,17 @@ func run(ctx context.Context, o options, in *os.File, out *os.File) error {
 		var cond func(*adsc.Client) bool
 		ackType := adsc.EndpointType
 		switch {
+		case len(f) == 3 && f[0] == "profile" && f[1] == "start":
+			pf, err := os.Create(f[2])
+			if err == nil {
+				err = pprof.StartCPUProfile(pf)
+			}
+			fmt.Fprintf(out, "done 0 %v\n", err)
+			continue
+		case len(f) == 2 && f[0] == "profile" && f[1] == "stop":
+			pprof.StopCPUProfile()
+			fmt.Fprintln(out, "done 0 0")
+			continue
 		case len(f) == 2 && f[0] == "cluster":
 			name := f[1]
 			cond = func(c *adsc.Client) bool { return c.Has(adsc.ClusterType, name) && c.Has(adsc.EndpointType, name) }
@@ -156,8 +170,11 @@ func run(ctx context.Context, o options, in *os.File, out *os.File) error {
 }
 
 func connect(ctx context.Context, o options, i int) (*proxy, error) {
+	// Large fixed windows, as Envoy uses (its default stream window is 256 MiB): no
+	// bandwidth probing and few window updates.
 	cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(16<<20))
 	if err != nil {
 		return nil, err
 	}
@@ -207,6 +224,10 @@ func waitAll(ctx context.Context, o options, proxies []*proxy, cond func(*adsc.C
 }
 
 func hasEndpoint(c *adsc.Client, cluster, addr string) bool {
+	// The address must appear in the bytes before decoding is worth it.
+	if !bytes.Contains(c.Raw(adsc.EndpointType, cluster), []byte(addr)) {
+		return false
+	}
 	var cla endpoint.ClusterLoadAssignment
 	if !c.Resource(adsc.EndpointType, cluster, &cla) {
 		return false
