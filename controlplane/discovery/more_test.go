@@ -1,0 +1,94 @@
+package discovery_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/controlplane/adsc"
+	"github.com/wasmesh/wasmesh/controlplane/discovery"
+)
+
+func TestMeshConfigChangeIsAFullPush(t *testing.T) {
+	meshFile := filepath.Join(t.TempDir(), "mesh.yaml")
+	require.NoError(t, os.WriteFile(meshFile, []byte("connectTimeout: 1s\n"), 0o644))
+	e := start(t, map[string]string{"services.yaml": services}, func(o *discovery.Options) { o.MeshConfigFile = meshFile })
+	fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")})
+	lastVHost := func(c *adsc.Client) string {
+		var rc route.RouteConfiguration
+		if !c.Resource(adsc.RouteType, "9081", &rc) || len(rc.GetVirtualHosts()) == 0 {
+			return ""
+		}
+		return rc.GetVirtualHosts()[len(rc.GetVirtualHosts())-1].GetName()
+	}
+	wait(t, fe, func(c *adsc.Client) bool { return lastVHost(c) == "allow_any" })
+	require.NoError(t, os.WriteFile(meshFile, []byte("connectTimeout: 1s\noutboundTrafficPolicy: {mode: REGISTRY_ONLY}\n"), 0o644))
+	e.d.Mesh.Reload() // what the watcher does on the write
+	wait(t, fe, func(c *adsc.Client) bool { return lastVHost(c) == "block_all" })
+}
+
+func TestDeltaReconnectSkipsResourcesTheProxyHas(t *testing.T) {
+	e := start(t, map[string]string{"services.yaml": services}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ads := discoverypb.NewAggregatedDiscoveryServiceClient(e.cc)
+	n := node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")
+
+	first, err := ads.DeltaAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, first.Send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: adsc.ClusterType}))
+	resp, err := first.Recv()
+	require.NoError(t, err)
+	require.NotEmpty(t, resp.GetResources())
+	versions := map[string]string{}
+	for _, r := range resp.GetResources() {
+		versions[r.GetName()] = r.GetVersion()
+	}
+	require.NoError(t, first.CloseSend())
+
+	// A reconnect that reports every cluster at its version gets none of them again, but still
+	// an answer (Envoy waits for it to finish initialising).
+	second, err := ads.DeltaAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, second.Send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: adsc.ClusterType, InitialResourceVersions: versions}))
+	resp, err = second.Recv()
+	require.NoError(t, err)
+	assert.Empty(t, resp.GetResources())
+	assert.Empty(t, resp.GetRemovedResources())
+
+	// One that reports a stale version gets that cluster.
+	versions[frontendCluster] = "stale"
+	third, err := ads.DeltaAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, third.Send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: adsc.ClusterType, InitialResourceVersions: versions}))
+	resp, err = third.Recv()
+	require.NoError(t, err)
+	require.Len(t, resp.GetResources(), 1)
+	assert.Equal(t, frontendCluster, resp.GetResources()[0].GetName())
+}
+
+func TestDisconnectedProxyLeavesAfterGracePeriod(t *testing.T) {
+	e := start(t, map[string]string{"services.yaml": services}, func(o *discovery.Options) { o.WorkloadGracePeriod = 100 * time.Millisecond })
+	fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")})
+	ctx, cancel := context.WithCancel(context.Background())
+	be, err := adsc.Dial(ctx, e.cc, adsc.Config{Node: node(t, "backend-1", "backend", "127.10.0.2", "127.20.0.2")})
+	require.NoError(t, err)
+	wait(t, fe, func(c *adsc.Client) bool { return len(endpointsOf(c, backendCluster)) == 1 })
+	wait(t, be, has(adsc.ClusterType, backendCluster))
+
+	cancel() // the backend proxy goes away
+	<-be.Done()
+	wait(t, fe, func(c *adsc.Client) bool {
+		return c.Has(adsc.EndpointType, backendCluster) && len(endpointsOf(c, backendCluster)) == 0
+	})
+	for _, r := range fe.Responses()[len(fe.Responses())-1:] {
+		assert.Equal(t, adsc.EndpointType, r.TypeURL, "removal is an endpoints-only push")
+	}
+}
