@@ -19,12 +19,19 @@ import (
 // lock is needed (and none may be held across a host call anyway: the host calls back
 // into the guest during them).
 var guest = struct {
-	vm  *vmstate.State
-	mem hostmem.Table
+	vm *vmstate.State
+	// mem holds what the host returns from calls, and the slots it writes pointers and
+	// sizes to (see hostmem.Arena): allocating each on the Go heap cost more than most
+	// host calls.
+	mem *hostmem.Arena
 	// depth counts the callbacks on the stack; when the outermost returns, no host call
 	// is in progress and leftover host allocations can be dropped.
 	depth int
-}{vm: vmstate.New(effectiveContextHost{})}
+}{vm: vmstate.New(effectiveContextHost{}), mem: hostmem.NewArena(arenaSize)}
+
+// arenaSize holds the results of the host calls in progress (usually one at a time: a
+// header value, a property); larger results go to the Go heap.
+const arenaSize = 16 << 10
 
 type effectiveContextHost struct{}
 
@@ -54,14 +61,13 @@ func leave(previous uint32) {
 //go:wasmexport proxy_abi_version_0_2_1
 func proxyABIVersion() {}
 
-// proxyOnMemoryAllocate gives the host a buffer to fill with a host call's result. The
-// buffer stays referenced from the allocation table until the guest takes it (see
-// hostmem for why that is needed under Go's GC).
+// proxyOnMemoryAllocate gives the host a buffer to fill with a host call's result, on
+// the arena (or, when it does not fit, on the heap, referenced from the overflow table
+// until the guest takes it: see hostmem for why that is needed under Go's GC).
 //
 //go:wasmexport proxy_on_memory_allocate
 func proxyOnMemoryAllocate(size uint32) uint32 {
-	_, addr := guest.mem.Alloc(size)
-	return uint32(addr) // linear memory addresses fit in 32 bits
+	return uint32(guest.mem.Alloc(size)) // linear memory addresses fit in 32 bits
 }
 
 //go:wasmexport proxy_on_context_create
@@ -184,36 +190,64 @@ func proxyOnUpstreamConnectionClose(contextID, peerType uint32) {
 	guest.vm.TCPContext(contextID).OnUpstreamClose(types.PeerType(peerType))
 }
 
-// hostResult collects a buffer the host returns through proxy_on_memory_allocate. Use:
+// hostResult collects a buffer the host returns through proxy_on_memory_allocate. Its
+// slots (where the host writes the buffer's address and size, and a CAS for shared data)
+// live on the arena, so a host call allocates nothing on the Go heap. Use:
 //
 //	var r hostResult
 //	r.begin()
-//	st := hostGetX(..., &r.ptr, &r.size)
-//	b, err := r.finish(st)
+//	defer r.end()
+//	st := hostGetX(..., r.ptr(), r.size())
+//	b, err := r.view(st) // valid until r.end(): copy what outlives it
 type hostResult struct {
-	ptr, size uint32
-	mark      uint64
+	slots []uint32
+	mark  hostmem.ArenaMark
 }
 
-func (r *hostResult) begin() { r.mark = guest.mem.Mark() }
+func (r *hostResult) begin() {
+	r.mark = guest.mem.Mark()
+	r.slots = guest.mem.Slots(3)
+}
 
-// finish takes the returned buffer out of the allocation table and drops whatever else
-// the host allocated during the call. A zero pointer with an OK status comes back as a
-// nil slice and no error; callers that need the SDK's "nil means not found" apply it.
-func (r *hostResult) finish(status uint32) ([]byte, error) {
-	defer guest.mem.ReleaseSince(r.mark)
+func (r *hostResult) ptr() *uint32  { return &r.slots[0] }
+func (r *hostResult) size() *uint32 { return &r.slots[1] }
+func (r *hostResult) cas() *uint32  { return &r.slots[2] }
+
+// end releases the result and whatever else the host allocated during the call (it may
+// have allocated and then failed).
+func (r *hostResult) end() { guest.mem.Release(r.mark) }
+
+// view returns the buffer the host wrote, valid until end. A zero pointer with an OK
+// status comes back as a nil slice and no error; callers that need the SDK's "nil means
+// not found" apply it.
+func (r *hostResult) view(status uint32) ([]byte, error) {
 	if err := abi.StatusError(status); err != nil {
 		return nil, err
 	}
-	if r.ptr == 0 {
+	if r.slots[0] == 0 {
 		return nil, nil
 	}
-	b, ok := guest.mem.Take(uintptr(r.ptr), r.size)
+	b, ok := guest.mem.View(uintptr(r.slots[0]), r.slots[1])
 	if !ok {
 		return nil, errForeignMemory
 	}
 	return b, nil
 }
+
+// owned returns the buffer the host wrote as a slice the caller owns.
+func (r *hostResult) owned(status uint32) ([]byte, error) {
+	b, err := r.view(status)
+	if b == nil {
+		return nil, err
+	}
+	out := make([]byte, len(b))
+	copy(out, b)
+	return out, nil
+}
+
+// scratch returns n bytes on the arena for an argument, valid until the enclosing
+// hostResult's end.
+func scratch(n int) []byte { return guest.mem.Scratch(n) }
 
 // bytesPtr returns what a host call needs for b: a pointer to its first byte (nil when
 // empty, as the SDK passes) and its length.

@@ -82,7 +82,8 @@ func EnqueueSharedQueue(queueID uint32, data []byte) error {
 func DequeueSharedQueue(queueID uint32) ([]byte, error) {
 	var r hostResult
 	r.begin()
-	return r.finish(hostDequeueSharedQueue(queueID, &r.ptr, &r.size))
+	defer r.end()
+	return r.owned(hostDequeueSharedQueue(queueID, r.ptr(), r.size()))
 }
 
 // PluginDone tells the host that a plugin context which returned false from OnPluginDone
@@ -349,15 +350,15 @@ func SendHttpResponse(statusCode uint32, headers [][2]string, body []byte, gRPCS
 // GetSharedData returns the value and CAS of a key in the VM-wide shared data.
 func GetSharedData(key string) (value []byte, cas uint32, err error) {
 	var r hostResult
-	c := new(uint32)
 	r.begin()
-	st := hostGetSharedData(key, &r.ptr, &r.size, c)
+	defer r.end()
+	st := hostGetSharedData(key, r.ptr(), r.size(), r.cas())
 	keepString(key)
-	value, err = r.finish(st)
+	value, err = r.owned(st)
 	if err != nil {
 		return nil, 0, err
 	}
-	return value, *c, nil
+	return value, *r.cas(), nil
 }
 
 // SetSharedData sets a key in the VM-wide shared data; a non-zero cas must match
@@ -375,13 +376,23 @@ func GetProperty(path []string) ([]byte, error) {
 	if len(path) == 0 {
 		return nil, errors.New("path must not be empty")
 	}
-	raw := abi.EncodePath(path)
-	pp, pn := bytesPtr(raw)
 	var r hostResult
 	r.begin()
-	st := hostGetProperty(pp, pn, &r.ptr, &r.size)
+	defer r.end()
+	raw := encodePath(path)
+	pp, pn := bytesPtr(raw)
+	st := hostGetProperty(pp, pn, r.ptr(), r.size())
 	keepBytes(raw)
-	return r.finish(st)
+	return r.owned(st)
+}
+
+// encodePath encodes path on the arena (see abi.EncodePath).
+func encodePath(path []string) []byte {
+	size := 0
+	for _, p := range path {
+		size += len(p) + 1
+	}
+	return abi.AppendPath(scratch(size)[:0], path)
 }
 
 // GetPropertyMap returns a map-typed host property decoded as pairs.
@@ -414,10 +425,11 @@ func CallForeignFunction(funcName string, param []byte) (ret []byte, err error) 
 	pp, pn := bytesPtr(param)
 	var r hostResult
 	r.begin()
-	st := hostCallForeignFunction(funcName, pp, pn, &r.ptr, &r.size)
+	defer r.end()
+	st := hostCallForeignFunction(funcName, pp, pn, r.ptr(), r.size())
 	keepString(funcName)
 	keepBytes(param)
-	return r.finish(st)
+	return r.owned(st)
 }
 
 // LogTrace logs msg at trace level.
@@ -545,11 +557,13 @@ func setMap(mapType uint32, pairs [][2]string) error {
 func getMap(mapType uint32) ([][2]string, error) {
 	var r hostResult
 	r.begin()
-	b, err := r.finish(hostGetHeaderMapPairs(mapType, &r.ptr, &r.size))
+	defer r.end()
+	// Owned: the decoded strings share the buffer.
+	b, err := r.owned(hostGetHeaderMapPairs(mapType, r.ptr(), r.size()))
 	if err != nil {
 		return nil, err
 	}
-	if r.ptr == 0 { // the SDK reports a map the host returned no memory for as not found
+	if b == nil { // the SDK reports a map the host returned no memory for as not found
 		return nil, types.ErrorStatusNotFound
 	}
 	return abi.DecodePairs(b)
@@ -558,15 +572,14 @@ func getMap(mapType uint32) ([][2]string, error) {
 func getMapValue(mapType uint32, key string) (string, error) {
 	var r hostResult
 	r.begin()
-	st := hostGetHeaderMapValue(mapType, key, &r.ptr, &r.size)
+	defer r.end()
+	st := hostGetHeaderMapValue(mapType, key, r.ptr(), r.size())
 	keepString(key)
-	b, err := r.finish(st)
+	b, err := r.view(st)
 	if err != nil {
 		return "", err
 	}
-	// The buffer was allocated for this call and nothing else references it, so the
-	// string can share it instead of copying.
-	return abi.BytesString(b), nil
+	return string(b), nil
 }
 
 func addMapValue(mapType uint32, key, value string) error {
@@ -605,11 +618,12 @@ func getBuffer(bufferType uint32, start, maxSize int) ([]byte, error) {
 	}
 	var r hostResult
 	r.begin()
-	b, err := r.finish(hostGetBufferBytes(bufferType, s, m, &r.ptr, &r.size))
+	defer r.end()
+	b, err := r.owned(hostGetBufferBytes(bufferType, s, m, r.ptr(), r.size()))
 	if err != nil {
 		return nil, err
 	}
-	if r.ptr == 0 { // as in the SDK: no memory means no buffer
+	if b == nil { // as in the SDK: no memory means no buffer
 		return nil, types.ErrorStatusNotFound
 	}
 	return b, nil

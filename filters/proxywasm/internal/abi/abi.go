@@ -176,7 +176,11 @@ func EncodePath(path []string) []byte {
 	if size == 0 {
 		return nil
 	}
-	out := make([]byte, 0, size)
+	return AppendPath(make([]byte, 0, size), path)
+}
+
+// AppendPath appends the encoding of path (see EncodePath) to out.
+func AppendPath(out []byte, path []string) []byte {
 	for i, p := range path {
 		if i > 0 {
 			out = append(out, 0)
