@@ -73,6 +73,7 @@ static_resources:
                 route:
                   weighted_clusters:
                     clusters: [{name: a, weight: 1}, {name: b, weight: 3}]
+                    header_name: x-split
               - match: {prefix: /old}
                 redirect: {path_redirect: /new, response_code: FOUND}
               - match: {prefix: /rr}
@@ -138,11 +139,22 @@ func TestRouting(t *testing.T) {
 		assert.Equal(t, "b", do(t, c, "GET", base+"/q?target=b", "", nil).header.Get("x-upstream"))
 	})
 	t.Run("weighted clusters split by weight", func(t *testing.T) {
+		// Envoy picks by a random value per request modulo the total weight: the split is
+		// statistical. 400 requests at 1:3 put a's share 25% +- 2.2% (one standard
+		// deviation); the bounds are five.
 		counts := map[string]int{}
-		for i := 0; i < 40; i++ {
+		for i := 0; i < 400; i++ {
 			counts[do(t, c, "GET", base+"/w", "", nil).header.Get("x-upstream")]++
 		}
-		assert.Equal(t, map[string]int{"a": 10, "b": 30}, counts)
+		assert.Equal(t, 400, counts["a"]+counts["b"], "only a and b are targets: %v", counts)
+		assert.InDelta(t, 100, counts["a"], 45, "a gets a quarter: %v", counts)
+	})
+	t.Run("weighted clusters pick by the header_name value", func(t *testing.T) {
+		// header_name supplies the random value: value % 4 < 1 picks a, otherwise b.
+		for v, want := range map[string]string{"0": "a", "4": "a", "1": "b", "3": "b", "7": "b", "8": "a"} {
+			got := do(t, c, "GET", base+"/w", "", map[string]string{"x-split": v}).header.Get("x-upstream")
+			assert.Equal(t, want, got, "x-split: %s", v)
+		}
 	})
 	t.Run("round robin over endpoints", func(t *testing.T) {
 		counts := map[string]int{}

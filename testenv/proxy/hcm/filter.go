@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -184,6 +185,9 @@ type Stream struct {
 	Log      *slog.Logger
 	// FilterState is shared between the filters of the stream.
 	FilterState map[string]any
+	// StreamIdleTimeout is the connection manager's stream_idle_timeout (Envoy's default
+	// five minutes; 0 disables it); a route's idle_timeout overrides it.
+	StreamIdleTimeout time.Duration
 
 	routes        *RouteHandle
 	route         *route.Route

@@ -38,6 +38,9 @@ type chainEntry struct {
 	disabled bool
 }
 
+// defaultStreamIdleTimeout is Envoy's default stream_idle_timeout.
+const defaultStreamIdleTimeout = 5 * time.Minute
+
 // Manager is one configured HTTP connection manager (one filter chain of a listener).
 type Manager struct {
 	ctx      *Context
@@ -52,6 +55,7 @@ type Manager struct {
 	serverID string
 
 	idleTimeout time.Duration
+	streamIdle  time.Duration
 	genReqID    bool
 	useRemote   bool
 }
@@ -90,6 +94,10 @@ func New(ctx *Context, p *hcmv3.HttpConnectionManager) (*Manager, error) {
 	}
 	if t := p.GetCommonHttpProtocolOptions().GetIdleTimeout(); t != nil {
 		m.idleTimeout = t.AsDuration()
+	}
+	m.streamIdle = defaultStreamIdleTimeout
+	if t := p.GetStreamIdleTimeout(); t != nil {
+		m.streamIdle = t.AsDuration()
 	}
 	m.serverID = p.GetServerName()
 	if m.serverID == "" {
@@ -307,7 +315,7 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	m.prepareRequest(r, info)
 	s := &Stream{ctx: r.Context(), Request: r, Info: info, HTTP2: h2, Listener: m.ctx.Listener,
-		Log: m.ctx.Log, routes: m.routes, FilterState: map[string]any{}}
+		Log: m.ctx.Log, routes: m.routes, FilterState: map[string]any{}, StreamIdleTimeout: m.streamIdle}
 
 	filters, _ := m.instantiate(s)
 	ran := 0
@@ -328,7 +336,7 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for i := ran - 1; i >= 0; i-- {
 		filters[i].EncodeHeaders(s)
 	}
-	m.writeResponse(w, r, s)
+	abort := m.writeResponse(w, r, s)
 	info.Finish(time.Now())
 	snap := info.Snapshot()
 	m.recordStats(snap)
@@ -340,6 +348,11 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	for i := len(filters) - 1; i >= 0; i-- {
 		filters[i].Destroy(s)
+	}
+	if abort {
+		// The response broke off (an upstream reset or timeout mid-body): Envoy resets the
+		// downstream stream rather than ending the response as if it were complete.
+		panic(http.ErrAbortHandler)
 	}
 }
 
@@ -437,11 +450,12 @@ func (m *Manager) prepareRequest(r *http.Request, info *streaminfo.Info) {
 	}
 }
 
-// writeResponse sends s.Response: headers (with server and drain handling), body, trailers.
-func (m *Manager) writeResponse(w http.ResponseWriter, r *http.Request, s *Stream) {
+// writeResponse sends s.Response: headers (with server and drain handling), body,
+// trailers. It reports whether the response broke off and the stream must be reset.
+func (m *Manager) writeResponse(w http.ResponseWriter, r *http.Request, s *Stream) (abort bool) {
 	resp := s.Response
 	if resp.Status == 0 && resp.Local {
-		return // the downstream went away before a response existed (DC): nothing to send
+		return false // the downstream went away before a response existed (DC): nothing to send
 	}
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -476,7 +490,10 @@ func (m *Manager) writeResponse(w http.ResponseWriter, r *http.Request, s *Strea
 			if errors.As(err, &werr) {
 				s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
 			} else if s.Request.Context().Err() == nil {
-				s.Info.AddFlag(streaminfo.UpstreamConnectionTermination)
+				if s.Info.Snapshot().Flags&(streaminfo.UpstreamRequestTimeout|streaminfo.StreamIdleTimeout) == 0 {
+					s.Info.AddFlag(streaminfo.UpstreamConnectionTermination)
+				}
+				abort = true
 			} else {
 				s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
 			}
@@ -490,6 +507,7 @@ func (m *Manager) writeResponse(w http.ResponseWriter, r *http.Request, s *Strea
 		}
 	}
 	s.Info.AddBytes(0, sent)
+	return abort
 }
 
 type writeError struct{ err error }

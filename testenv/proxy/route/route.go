@@ -7,12 +7,14 @@ package route
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -66,7 +68,18 @@ type Route struct {
 	Direct        *routev3.DirectResponseAction
 	Action        *routev3.RouteAction
 
-	rr atomic.Uint64
+	memo sync.Map
+}
+
+// Memo returns the value cached under key for this route, building it once. Filters keep
+// what they compile from a route's configuration (retry, hash and mirror policies, per
+// filter configs) here, so it lives exactly as long as the route configuration.
+func (r *Route) Memo(key any, build func() any) any {
+	if v, ok := r.memo.Load(key); ok {
+		return v
+	}
+	v, _ := r.memo.LoadOrStore(key, build())
+	return v
 }
 
 // WeightedCluster is one target of a route.
@@ -236,10 +249,11 @@ func (c *Config) Match(req *http.Request) *Route {
 	return nil
 }
 
-// PickCluster chooses the target of a forwarding route: the single cluster, one of the
-// weighted clusters (in proportion to the weights, by a per-route rotation so that the
-// split is exact over any run of total_weight requests), or the cluster named by the
-// cluster header.
+// PickCluster chooses the target of a forwarding route: the single cluster, the cluster
+// named by the cluster header, or one of the weighted clusters the way Envoy picks them:
+// a random value per request (or the value of the header named by the weighted clusters'
+// header_name, when it holds an unsigned integer) modulo the total weight, walked through
+// the clusters' cumulative weights. Splits are therefore statistical, as with Envoy.
 func (r *Route) PickCluster(req *http.Request) (*WeightedCluster, bool) {
 	if r.ClusterHeader != "" {
 		name := req.Header.Get(r.ClusterHeader)
@@ -254,7 +268,13 @@ func (r *Route) PickCluster(req *http.Request) (*WeightedCluster, bool) {
 	if len(r.Clusters) == 1 {
 		return &r.Clusters[0], true
 	}
-	slot := uint32((r.rr.Add(1) - 1) % uint64(r.totalWeight))
+	v := rand.Uint64()
+	if hn := r.Action.GetWeightedClusters().GetHeaderName(); hn != "" {
+		if n, err := strconv.ParseUint(req.Header.Get(hn), 10, 64); err == nil {
+			v = n
+		}
+	}
+	slot := uint32(v % uint64(r.totalWeight))
 	for i := range r.Clusters {
 		if slot < r.Clusters[i].Weight {
 			return &r.Clusters[i], true

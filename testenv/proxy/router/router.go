@@ -1,17 +1,18 @@
 // Package router is Envoy's router filter (envoy.filters.http.router), the terminal filter
 // of the HTTP connection manager: it carries out the stream's route (direct response,
 // redirect, or forwarding to a cluster chosen by the route), picks a host through the
-// cluster's load balancer, sends the request over the cluster's connection pool and turns
-// failures into Envoy's local replies with response flags.
+// cluster's load balancer (with the route's hash policy), sends the request over the
+// cluster's connection pool within the cluster's circuit breakers, retries it by the
+// route's retry policy, enforces the route, per try and idle timeouts, mirrors it to
+// shadow clusters, and turns failures into Envoy's local replies with response flags.
 //
-// Retries (retry.go), request mirroring (mirror.go) and hash policies (hash.go) plug into
-// the forwarding loop through small interfaces so that each lives in its own file.
+// Retries live in retry.go, request mirroring in mirror.go, hash policies in hash.go and
+// the replayable request body in body.go.
 package router
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -21,7 +22,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
@@ -37,7 +40,14 @@ const TypeURL = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Rou
 const (
 	bodyNoHealthyUpstream = "no healthy upstream"
 	bodyTimeout           = "upstream request timeout"
-	resetPrefix           = "upstream connect error or disconnect/reset before headers. reset reason: "
+	bodyStreamTimeout     = "stream timeout"
+	resetPrefix           = "upstream connect error or disconnect/reset before headers. "
+)
+
+var (
+	errGlobalTimeout = errors.New("route timeout")
+	errPerTryTimeout = errors.New("per try timeout")
+	errIdleTimeout   = errors.New("stream idle timeout")
 )
 
 // Config is the router's filter config.
@@ -95,114 +105,342 @@ func (f *filter) DecodeHeaders(s *hcm.Stream) hcm.Status {
 	if cl == nil {
 		return s.SendLocalReply(http.StatusServiceUnavailable, "", nil, "cluster_not_found", streaminfo.NoClusterFound)
 	}
-	return f.forward(s, rt, wc, cl, vars)
+	pol := policyOf(rt)
+	if pol.err != nil {
+		s.Log.Warn("route policy cannot be applied", "route", rt.Name, "err", pol.err)
+		return s.SendLocalReply(http.StatusInternalServerError, "", nil, "route_configuration_error", 0)
+	}
+	fw := &forwarder{f: f, s: s, rt: rt, wc: wc, cl: cl, vars: vars, pol: pol,
+		suppress: f.cfg.proto.GetSuppressEnvoyHeaders()}
+	return fw.run()
+}
+
+// routePolicy is what the router compiles from a route once (kept in the route's memo).
+type routePolicy struct {
+	err            error
+	retry          *retryPolicy
+	hash           *hashPolicy
+	mirrors        []mirrorPolicy
+	priority       int
+	attemptInReq   bool
+	attemptInResp  bool
+	bufferLimit    int
+	idle           time.Duration
+	idleSet        bool
+	originalDstHdr bool
+}
+
+type policyKey struct{}
+
+func policyOf(rt *route.Route) *routePolicy {
+	return rt.Memo(policyKey{}, func() any {
+		p := &routePolicy{bufferLimit: defaultBufferLimit}
+		a, vh := rt.Action, rt.VHost.Proto
+		rp := a.GetRetryPolicy()
+		if rp == nil {
+			// A route's policy replaces the virtual host's entirely (no merging).
+			rp = vh.GetRetryPolicy()
+		}
+		if p.retry, p.err = compileRetryPolicy(rp); p.err != nil {
+			return p
+		}
+		if p.hash, p.err = compileHashPolicy(a.GetHashPolicy()); p.err != nil {
+			return p
+		}
+		p.mirrors = compileMirrors(a.GetRequestMirrorPolicies())
+		p.priority = int(a.GetPriority())
+		p.attemptInReq = vh.GetIncludeRequestAttemptCount()
+		p.attemptInResp = vh.GetIncludeAttemptCountInResponse()
+		if l := rt.Proto.GetPerRequestBufferLimitBytes(); l != nil {
+			p.bufferLimit = min(p.bufferLimit, int(l.GetValue()))
+		} else if l := vh.GetPerRequestBufferLimitBytes(); l != nil {
+			p.bufferLimit = min(p.bufferLimit, int(l.GetValue()))
+		}
+		if t := a.GetIdleTimeout(); t != nil {
+			p.idle, p.idleSet = t.AsDuration(), true
+		}
+		return p
+	}).(*routePolicy)
+}
+
+// timeouts are the request's route (global) and per try timeouts after the request headers
+// that override them.
+type timeouts struct {
+	global, perTry time.Duration
+	alt            bool // x-envoy-upstream-rq-timeout-alt-response: 204 instead of 504
+}
+
+// finalTimeouts is Envoy's FilterUtility::finalTimeout: the route timeout, or
+// x-envoy-upstream-rq-timeout-ms; the retry policy's per try timeout, or
+// x-envoy-upstream-rq-per-try-timeout-ms, ignored when not below the route timeout; the
+// headers are consumed and x-envoy-expected-rq-timeout-ms tells the upstream.
+func finalTimeouts(rt *route.Route, pol *routePolicy, h http.Header, suppress bool) timeouts {
+	t := timeouts{global: rt.Timeout()}
+	if pol.retry != nil {
+		t.perTry = pol.retry.perTry
+	}
+	if v := h.Get("x-envoy-upstream-rq-timeout-ms"); v != "" {
+		if ms, err := strconv.ParseUint(v, 10, 63); err == nil {
+			t.global = time.Duration(ms) * time.Millisecond
+		}
+		h.Del("x-envoy-upstream-rq-timeout-ms")
+	}
+	if v := h.Get("x-envoy-upstream-rq-per-try-timeout-ms"); v != "" {
+		if ms, err := strconv.ParseUint(v, 10, 63); err == nil {
+			t.perTry = time.Duration(ms) * time.Millisecond
+		}
+		h.Del("x-envoy-upstream-rq-per-try-timeout-ms")
+	}
+	if t.global != 0 && t.perTry >= t.global {
+		t.perTry = 0
+	}
+	if h.Get("x-envoy-upstream-rq-timeout-alt-response") != "" {
+		t.alt = true
+		h.Del("x-envoy-upstream-rq-timeout-alt-response")
+	}
+	expected := t.perTry
+	if expected == 0 {
+		expected = t.global
+	}
+	if expected > 0 && !suppress {
+		h.Set("x-envoy-expected-rq-timeout-ms", strconv.FormatInt(expected.Milliseconds(), 10))
+	}
+	return t
+}
+
+// forwarder is one forwarded request: its attempts, timers, retry state and body.
+type forwarder struct {
+	f        *filter
+	s        *hcm.Stream
+	rt       *route.Route
+	wc       *route.WeightedCluster
+	cl       *upstream.Cluster
+	vars     route.Vars
+	pol      *routePolicy
+	suppress bool
+
+	out     *http.Request
+	tm      timeouts
+	rs      *retryState
+	body    *requestBody
+	done    completion
+	gctx    context.Context
+	gcancel context.CancelCauseFunc
+	lbctx   *upstream.LBContext
+	cookies []string
+
+	timersMu sync.Mutex
+	timers   []*time.Timer
+	idle     time.Duration
+	lastAct  atomic.Int64
+	attempts int
+	retried  bool
 }
 
 // attemptResult is one upstream attempt's outcome.
 type attemptResult struct {
 	resp    *http.Response
+	fail    failure
 	err     error
 	host    *upstream.Host
-	flag    streaminfo.Flag
-	code    int
-	body    string
-	details string
 	started time.Time
-	cancel  context.CancelFunc
+	cancel  context.CancelCauseFunc
+	release func()
+	local   string
 }
 
-func (f *filter) forward(s *hcm.Stream, rt *route.Route, wc *route.WeightedCluster, cl *upstream.Cluster, vars route.Vars) hcm.Status {
-	release, err := cl.Admit(s.Context())
-	if err != nil {
-		cl.Stats.UpstreamRqPendingOverflow.Inc()
-		return s.SendLocalReply(http.StatusServiceUnavailable, resetPrefix+"overflow",
-			http.Header{"X-Envoy-Overflow": {"true"}}, "upstream_reset_before_response_started{overflow}", streaminfo.UpstreamOverflow)
-	}
-	out := f.upstreamRequest(s, rt, wc, vars)
-	timeout := rt.Timeout()
-	var deadline time.Time
-	if timeout > 0 {
-		deadline = time.Now().Add(timeout)
-		out.Header.Set("x-envoy-expected-rq-timeout-ms", strconv.FormatInt(timeout.Milliseconds(), 10))
-	}
-	mirror(f.cfg.ctx, s, rt, out)
-	retry := newRetryState(rt, cl, out)
-	lbctx := &upstream.LBContext{Request: s.Request}
-	lbctx.Hash, lbctx.HasHash = requestHash(rt, s.Request)
+func (fw *forwarder) run() hcm.Status {
+	s, cl := fw.s, fw.cl
+	fw.out = fw.f.upstreamRequest(s, fw.rt, fw.wc, fw.vars)
+	fw.tm = finalTimeouts(fw.rt, fw.pol, fw.out.Header, fw.suppress)
+	fw.rs = newRetryState(fw.pol.retry, fw.out.Header, cl, fw.pol.priority)
+	fw.gctx, fw.gcancel = context.WithCancelCause(s.Context())
+	fw.startIdleTimer()
 
-	var res attemptResult
-	for {
-		res = f.attempt(s, cl, out, lbctx, deadline, retry.PerTryTimeout())
-		cl.Report(res.host, res.code, res.err)
-		if res.host != nil {
-			lbctx.Attempted = append(lbctx.Attempted, res.host)
+	targets := selectMirrors(fw.pol.mirrors, s.Request, fw.f.cfg.ctx.Clusters)
+	if b := s.Request.Body; b != nil && b != http.NoBody {
+		keep := fw.rs != nil || len(targets) > 0
+		fw.body = newRequestBody(b, s.Info, &fw.done, fw.touch, keep, fw.pol.bufferLimit, func() {
+			// Envoy gives up retries and shadows when the body outgrows the buffer.
+			cl.Stats.RetryOrShadowAbandoned.Inc()
+			fw.rs.disable()
+		})
+	} else {
+		fw.done.complete()
+	}
+	fw.done.onComplete(func() {
+		if fw.tm.global > 0 {
+			fw.addTimer(time.AfterFunc(fw.tm.global, func() { fw.gcancel(errGlobalTimeout) }))
 		}
-		if res.flag == streaminfo.DownstreamConnectionTermination || !retry.ShouldRetry(s.Context(), &res, deadline) {
+	})
+	if len(targets) > 0 {
+		mirror(fw.f.cfg.ctx.Clusters, targets, fw.out, fw.body, fw.tm.global, s.HTTP2)
+	}
+	fw.lbctx = &upstream.LBContext{Request: s.Request}
+	if rp := fw.pol.retry; rp != nil {
+		fw.lbctx.AvoidAttempted, fw.lbctx.HostSelectionAttempts = rp.previousHosts, rp.hostSelectionMax
+	}
+	if hp := fw.pol.hash; hp != nil {
+		in := &hashInput{req: s.Request, peer: s.Info.DownstreamPeer, local: s.Info.DownstreamLocal}
+		fw.lbctx.Hash, fw.lbctx.HasHash = hp.generate(in)
+		fw.cookies = in.setCookies
+	}
+
+	var flags streaminfo.Flag
+	var res *attemptResult
+	for {
+		fw.attempts++
+		res = fw.attempt()
+		fw.report(res)
+		if res.fail == failDownstream {
 			break
 		}
-		if res.resp != nil {
-			_ = res.resp.Body.Close()
+		if fw.rs == nil {
+			break
 		}
-		if res.cancel != nil {
-			res.cancel()
+		would := fw.rs.wouldRetry(res) && (fw.body == nil || fw.body.replayable())
+		st := fw.rs.shouldRetry(would)
+		if st != retryYes {
+			flags |= flagFor(st)
+			break
 		}
-		cl.Stats.UpstreamRqRetry.Inc()
-		out = retry.NextRequest(out)
+		fw.retried = true
+		fw.discard(res)
+		if err := fw.rs.backOff(fw.gctx); err != nil {
+			res = &attemptResult{fail: fw.classify(nil, fw.gctx)}
+			break
+		}
 	}
 	if res.resp == nil {
-		release()
-		if res.cancel != nil {
-			res.cancel()
-		}
-		if res.flag == streaminfo.DownstreamConnectionTermination {
-			s.Info.AddFlag(res.flag)
-			s.Response = &hcm.Response{Local: true}
-			return hcm.Stop
-		}
-		flag := res.flag | retry.ExhaustedFlag()
-		return s.SendLocalReply(res.code, res.body, nil, res.details, flag)
+		return fw.fail(res, flags)
 	}
-	resp := res.resp
-	h := http.Header{}
-	for k, v := range resp.Header {
-		if hcm.HopHeader(k) {
-			continue
-		}
-		h[k] = v
+	return fw.respond(res, flags)
+}
+
+func (fw *forwarder) addTimer(t *time.Timer) {
+	fw.timersMu.Lock()
+	fw.timers = append(fw.timers, t)
+	fw.timersMu.Unlock()
+}
+
+// finish stops the request's timers and gives back what it holds.
+func (fw *forwarder) finish() {
+	fw.timersMu.Lock()
+	for _, t := range fw.timers {
+		t.Stop()
 	}
-	h.Set("x-envoy-upstream-service-time", strconv.FormatInt(time.Since(res.started).Milliseconds(), 10))
-	rt.ApplyResponseHeaders(h, wc, vars)
-	s.Info.SetResponse(resp.StatusCode, "via_upstream")
-	body := &upstreamBody{rc: resp.Body, done: func() {
-		release()
-		if res.cancel != nil {
-			res.cancel()
+	fw.timers = nil
+	fw.timersMu.Unlock()
+	fw.rs.release()
+	fw.gcancel(nil)
+}
+
+// startIdleTimer runs the stream idle timeout (the route's idle_timeout, else the
+// connection manager's stream_idle_timeout): it fires when neither request nor response
+// bytes moved for the whole period.
+func (fw *forwarder) startIdleTimer() {
+	fw.idle = fw.s.StreamIdleTimeout
+	if fw.pol.idleSet {
+		fw.idle = fw.pol.idle
+	}
+	if fw.idle <= 0 {
+		return
+	}
+	fw.touch()
+	var fire func()
+	fire = func() {
+		since := time.Since(time.Unix(0, fw.lastAct.Load()))
+		if since < fw.idle {
+			fw.addTimer(time.AfterFunc(fw.idle-since, fire))
+			return
 		}
-	}}
-	s.Response = &hcm.Response{Status: resp.StatusCode, Header: h, Body: body, Trailer: func() http.Header { return resp.Trailer }}
-	return hcm.Stop
+		fw.gcancel(errIdleTimeout)
+	}
+	fw.addTimer(time.AfterFunc(fw.idle, fire))
+}
+
+func (fw *forwarder) touch() {
+	if fw.idle > 0 {
+		fw.lastAct.Store(time.Now().UnixNano())
+	}
+}
+
+// perTryTimer is one attempt's per try timeout, armed once the request is complete and
+// stopped when the response headers arrive.
+type perTryTimer struct {
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+	fired   atomic.Bool
+}
+
+func (p *perTryTimer) arm(d time.Duration, cancel context.CancelCauseFunc) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return
+	}
+	p.t = time.AfterFunc(d, func() {
+		p.fired.Store(true)
+		cancel(errPerTryTimeout)
+	})
+}
+
+func (p *perTryTimer) stop() bool {
+	p.mu.Lock()
+	p.stopped = true
+	if p.t != nil {
+		p.t.Stop()
+	}
+	p.mu.Unlock()
+	return p.fired.Load()
+}
+
+func (fw *forwarder) chooseHost() *upstream.Host {
+	cl := fw.cl
+	if cl.Config.GetType() == clusterv3.Cluster_ORIGINAL_DST {
+		addr := fw.s.Info.DownstreamLocal
+		if cl.Config.GetOriginalDstLbConfig().GetUseHttpHeader() {
+			hdr := cl.Config.GetOriginalDstLbConfig().GetHttpHeaderName()
+			if hdr == "" {
+				hdr = "x-envoy-original-dst-host"
+			}
+			if v := fw.s.Request.Header.Get(hdr); v != "" {
+				addr = v
+			}
+		}
+		return upstream.OriginalDstHost(addr)
+	}
+	return cl.Choose(fw.lbctx)
 }
 
 // attempt sends one try to one host.
-func (f *filter) attempt(s *hcm.Stream, cl *upstream.Cluster, req *http.Request, lbctx *upstream.LBContext, deadline time.Time, perTry time.Duration) attemptResult {
-	res := attemptResult{started: time.Now()}
-	host := cl.Choose(lbctx)
-	if host == nil && cl.Config.GetType().String() == "ORIGINAL_DST" {
-		host = upstream.OriginalDstHost(s.Info.DownstreamLocal)
-	}
+func (fw *forwarder) attempt() *attemptResult {
+	s, cl := fw.s, fw.cl
+	res := &attemptResult{started: time.Now()}
+	host := fw.chooseHost()
 	if host == nil {
-		res.flag, res.code, res.body, res.details = streaminfo.NoHealthyUpstream, http.StatusServiceUnavailable, bodyNoHealthyUpstream, "no_healthy_upstream"
+		res.fail = failNoHost
 		return res
 	}
 	res.host = host
-	ctx := s.Context()
-	var cancel context.CancelFunc = func() {}
-	tryDeadline := deadline
-	if perTry > 0 && (tryDeadline.IsZero() || time.Now().Add(perTry).Before(tryDeadline)) {
-		tryDeadline = time.Now().Add(perTry)
+	fw.lbctx.Attempted = append(fw.lbctx.Attempted, host)
+	actx, acancel := context.WithCancelCause(fw.gctx)
+	res.cancel = acancel
+	release, err := cl.Breakers(fw.pol.priority).Acquire(actx, cl.UsesHTTP2(s.HTTP2))
+	if err != nil {
+		if errors.Is(err, upstream.ErrOverflow) {
+			res.fail = failOverflow
+		} else {
+			res.fail = fw.classify(err, actx)
+		}
+		acancel(nil)
+		return res
 	}
-	if !tryDeadline.IsZero() {
-		ctx, cancel = context.WithDeadline(ctx, tryDeadline)
+	res.release = release
+	pt := &perTryTimer{}
+	if d := fw.tm.perTry; d > 0 {
+		fw.done.onComplete(func() { pt.arm(d, acancel) })
 	}
 	var local atomic.Value
 	trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
@@ -210,55 +448,209 @@ func (f *filter) attempt(s *hcm.Stream, cl *upstream.Cluster, req *http.Request,
 			local.Store(a.String())
 		}
 	}}
-	ctx = httptrace.WithClientTrace(ctx, trace)
-	try := req.WithContext(ctx)
+	req := fw.out.WithContext(httptrace.WithClientTrace(actx, trace))
+	if fw.body != nil {
+		req.Body = fw.body.cursor(true)
+	}
+	if fw.pol.attemptInReq {
+		req.Header = fw.out.Header.Clone()
+		req.Header.Set("x-envoy-attempt-count", strconv.Itoa(fw.attempts))
+	}
 	cl.Stats.UpstreamRqTotal.Inc()
 	cl.Stats.UpstreamRqActive.Inc()
-	host.ActiveRequests.Add(1)
-	resp, err := cl.RoundTrip(try, host, s.HTTP2)
-	l, _ := local.Load().(string)
-	s.Info.SetUpstream(host.Address, l)
+	host.RequestStarted()
+	resp, err := cl.RoundTrip(req, host, s.HTTP2)
+	if pt.stop() && err == nil {
+		// The per try timer fired as the headers arrived: the attempt's context is gone.
+		_ = resp.Body.Close()
+		resp, err = nil, errPerTryTimeout
+	}
+	res.local, _ = local.Load().(string)
+	s.Info.SetUpstream(host.Address, res.local)
 	if err != nil {
-		cl.Stats.UpstreamRqActive.Dec()
-		host.ActiveRequests.Add(-1)
-		cancel()
 		res.err = err
-		var ce *upstream.ConnectError
-		switch {
-		case s.Context().Err() != nil:
-			res.flag = streaminfo.DownstreamConnectionTermination
-		case errors.Is(ctx.Err(), context.DeadlineExceeded) && !tryDeadline.IsZero():
-			cl.Stats.UpstreamRqTimeout.Inc()
-			res.flag, res.code, res.body, res.details = streaminfo.UpstreamRequestTimeout, http.StatusGatewayTimeout, bodyTimeout, "upstream_response_timeout"
-			cl.Stats.RecordResponse(http.StatusGatewayTimeout, time.Since(res.started))
-		case errors.As(err, &ce):
-			s.Info.SetUpstreamFailure(ce.Err.Error())
-			res.flag, res.code = streaminfo.UpstreamConnectionFailure, http.StatusServiceUnavailable
-			res.body = resetPrefix + "connection failure, transport failure reason: " + ce.Err.Error()
-			res.details = "upstream_reset_before_response_started{connection_failure}"
-			cl.Stats.RecordResponse(0, time.Since(res.started))
-		default:
-			res.flag, res.code = streaminfo.UpstreamConnectionTermination, http.StatusServiceUnavailable
-			res.body = resetPrefix + "connection termination"
-			res.details = "upstream_reset_before_response_started{connection_termination}"
-			cl.Stats.RecordResponse(0, time.Since(res.started))
-		}
+		res.fail = fw.classify(err, actx)
+		fw.endAttempt(res)
 		return res
 	}
 	res.resp = resp
-	res.code = resp.StatusCode
-	res.cancel = cancel
-	started := res.started
-	stats := cl.Stats
-	var once sync.Once
-	resp.Body = &upstreamBody{rc: resp.Body, done: func() {
-		once.Do(func() {
-			stats.UpstreamRqActive.Dec()
-			host.ActiveRequests.Add(-1)
-			stats.RecordResponse(resp.StatusCode, time.Since(started))
-		})
-	}}
 	return res
+}
+
+// endAttempt releases what an attempt holds (its breaker unit, its context, the active
+// counts).
+func (fw *forwarder) endAttempt(res *attemptResult) {
+	if res.host != nil {
+		fw.cl.Stats.UpstreamRqActive.Dec()
+		res.host.RequestFinished()
+	}
+	if res.release != nil {
+		res.release()
+		res.release = nil
+	}
+	if res.cancel != nil {
+		res.cancel(nil)
+	}
+}
+
+// classify tells why an attempt failed.
+func (fw *forwarder) classify(err error, actx context.Context) failure {
+	if fw.s.Context().Err() != nil {
+		return failDownstream
+	}
+	switch context.Cause(actx) {
+	case errGlobalTimeout:
+		return failGlobalTimeout
+	case errPerTryTimeout:
+		return failPerTryTimeout
+	case errIdleTimeout:
+		return failIdleTimeout
+	}
+	if errors.Is(err, errPerTryTimeout) {
+		return failPerTryTimeout
+	}
+	var ce *upstream.ConnectError
+	if errors.As(err, &ce) {
+		return failConnect
+	}
+	var se http2.StreamError
+	if errors.As(err, &se) && se.Code == http2.ErrCodeRefusedStream {
+		return failRefusedStream
+	}
+	return failReset
+}
+
+// report feeds outlier detection and the timeout counters.
+func (fw *forwarder) report(res *attemptResult) {
+	cl := fw.cl
+	switch {
+	case res.resp != nil:
+		cl.ReportResult(res.host, upstream.LocalOriginConnectSuccess)
+		cl.ReportStatus(res.host, res.resp.StatusCode)
+	case res.fail == failConnect || res.fail == failReset || res.fail == failRefusedStream:
+		cl.ReportResult(res.host, upstream.LocalOriginConnectFailed)
+	case res.fail == failPerTryTimeout:
+		cl.Stats.UpstreamRqPerTryTimeout.Inc()
+		cl.ReportResult(res.host, upstream.LocalOriginTimeout)
+	case res.fail == failGlobalTimeout:
+		cl.Stats.UpstreamRqTimeout.Inc()
+		cl.ReportResult(res.host, upstream.LocalOriginTimeout)
+	}
+}
+
+// discard drops an attempt that is retried: its response is charged to the retry.*
+// statistics, as Envoy does, and not to the request's.
+func (fw *forwarder) discard(res *attemptResult) {
+	if res.resp != nil {
+		_ = res.resp.Body.Close()
+		fw.cl.Stats.RecordRetriedResponse(res.resp.StatusCode, time.Since(res.started))
+		fw.endAttempt(res)
+	}
+}
+
+// fail answers the request locally after its last attempt failed.
+func (fw *forwarder) fail(res *attemptResult, flags streaminfo.Flag) hcm.Status {
+	s, cl := fw.s, fw.cl
+	defer fw.finish()
+	if res.fail == failDownstream {
+		s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
+		s.Response = &hcm.Response{Local: true}
+		return hcm.Stop
+	}
+	hdr := http.Header{}
+	var code int
+	var body, details string
+	var flag streaminfo.Flag
+	retried := ""
+	if fw.retried {
+		retried = "retried and the latest "
+	}
+	switch res.fail {
+	case failNoHost:
+		code, body, details, flag = http.StatusServiceUnavailable, bodyNoHealthyUpstream, "no_healthy_upstream", streaminfo.NoHealthyUpstream
+	case failOverflow:
+		code, flag = http.StatusServiceUnavailable, streaminfo.UpstreamOverflow
+		body = resetPrefix + retried + "reset reason: overflow"
+		details = "upstream_reset_before_response_started{overflow}"
+		if !fw.suppress {
+			hdr.Set("x-envoy-overloaded", "true")
+		}
+	case failConnect:
+		var ce *upstream.ConnectError
+		reason := ""
+		if errors.As(res.err, &ce) {
+			reason = ce.Err.Error()
+			s.Info.SetUpstreamFailure(reason)
+		}
+		code, flag = http.StatusServiceUnavailable, streaminfo.UpstreamConnectionFailure
+		body = resetPrefix + retried + "reset reason: connection failure, transport failure reason: " + reason
+		details = "upstream_reset_before_response_started{connection_failure}"
+	case failRefusedStream:
+		code, flag = http.StatusServiceUnavailable, streaminfo.UpstreamRemoteReset
+		body = resetPrefix + retried + "reset reason: remote refused stream reset"
+		details = "upstream_reset_before_response_started{remote_refused_stream_reset}"
+	case failReset:
+		code, flag = http.StatusServiceUnavailable, streaminfo.UpstreamConnectionTermination
+		body = resetPrefix + retried + "reset reason: connection termination"
+		details = "upstream_reset_before_response_started{connection_termination}"
+	case failPerTryTimeout, failGlobalTimeout:
+		code, body, flag = http.StatusGatewayTimeout, bodyTimeout, streaminfo.UpstreamRequestTimeout
+		details = "upstream_response_timeout"
+		if res.fail == failPerTryTimeout {
+			details = "upstream_per_try_timeout"
+		}
+		if fw.tm.alt {
+			code, body = http.StatusNoContent, ""
+		}
+	case failIdleTimeout:
+		// Envoy answers 504 once the request was received in full, 408 before.
+		code = http.StatusRequestTimeout
+		if fw.done.isDone() {
+			code = http.StatusGatewayTimeout
+		}
+		body, details, flag = bodyStreamTimeout, "stream_idle_timeout", streaminfo.StreamIdleTimeout
+	}
+	if res.fail != failIdleTimeout {
+		cl.Stats.RecordResponse(code, time.Since(res.started))
+	}
+	if fw.pol.attemptInResp && fw.attempts > 0 {
+		hdr.Set("x-envoy-attempt-count", strconv.Itoa(fw.attempts))
+	}
+	return s.SendLocalReply(code, body, hdr, details, flag|flags)
+}
+
+// respond passes the upstream response on.
+func (fw *forwarder) respond(res *attemptResult, flags streaminfo.Flag) hcm.Status {
+	s, cl, resp := fw.s, fw.cl, res.resp
+	if flags != 0 {
+		s.Info.AddFlag(flags)
+	}
+	h := make(http.Header, len(resp.Header)+2)
+	for k, v := range resp.Header {
+		if hcm.HopHeader(k) {
+			continue
+		}
+		h[k] = v
+	}
+	if !fw.suppress {
+		h.Set("x-envoy-upstream-service-time", strconv.FormatInt(time.Since(res.started).Milliseconds(), 10))
+	}
+	for _, c := range fw.cookies {
+		h.Add("set-cookie", c)
+	}
+	if fw.pol.attemptInResp {
+		h.Set("x-envoy-attempt-count", strconv.Itoa(fw.attempts))
+	}
+	fw.rt.ApplyResponseHeaders(h, fw.wc, fw.vars)
+	s.Info.SetResponse(resp.StatusCode, "via_upstream")
+	code, started := resp.StatusCode, res.started
+	body := &upstreamBody{rc: resp.Body, fw: fw, done: func() {
+		cl.Stats.RecordResponse(code, time.Since(started))
+		fw.endAttempt(res)
+		fw.finish()
+	}}
+	s.Response = &hcm.Response{Status: resp.StatusCode, Header: h, Body: body, Trailer: func() http.Header { return resp.Trailer }}
+	return hcm.Stop
 }
 
 // upstreamRequest builds the request sent upstream: the downstream request without
@@ -292,9 +684,7 @@ func (f *filter) upstreamRequest(s *hcm.Stream, rt *route.Route, wc *route.Weigh
 		}
 	}
 	rt.ApplyRequestHeaders(out.Header, wc, vars)
-	if r.Body != nil && r.Body != http.NoBody {
-		out.Body = &countingBody{rc: r.Body, info: s.Info}
-	}
+	out.Body = nil
 	return out
 }
 
@@ -322,34 +712,34 @@ func headerVars(s *hcm.Stream) route.Vars {
 	}
 }
 
-type countingBody struct {
-	rc   io.ReadCloser
-	info *streaminfo.Info
-}
-
-func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.rc.Read(p)
-	if n > 0 {
-		b.info.AddBytes(uint64(n), 0)
-	}
-	return n, err
-}
-
-func (b *countingBody) Close() error { return b.rc.Close() }
-
-// upstreamBody runs done once, when the body is closed.
+// upstreamBody is the upstream response body on its way downstream: reads are stream
+// activity; a read cut by the route timeout is recorded as UT; done runs once, on Close.
 type upstreamBody struct {
 	rc   io.ReadCloser
+	fw   *forwarder
 	once sync.Once
 	done func()
 }
 
-func (b *upstreamBody) Read(p []byte) (int, error) { return b.rc.Read(p) }
+func (b *upstreamBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if n > 0 {
+		b.fw.touch()
+	}
+	if err != nil && err != io.EOF {
+		switch context.Cause(b.fw.gctx) {
+		case errGlobalTimeout:
+			b.fw.cl.Stats.UpstreamRqTimeout.Inc()
+			b.fw.s.Info.AddFlag(streaminfo.UpstreamRequestTimeout)
+		case errIdleTimeout:
+			b.fw.s.Info.AddFlag(streaminfo.StreamIdleTimeout)
+		}
+	}
+	return n, err
+}
 
 func (b *upstreamBody) Close() error {
 	err := b.rc.Close()
 	b.once.Do(b.done)
 	return err
 }
-
-var _ = fmt.Sprintf

@@ -80,7 +80,7 @@ func (s *Server) Clusters() []admin.ClusterStatus {
 			cs.Hosts = append(cs.Hosts, admin.HostStatus{
 				Address: h.Address, Healthy: h.Healthy(), EDSHealth: h.Health.String(), Ejected: h.Ejected(),
 				Weight: h.Weight, Priority: h.Priority, Region: h.Locality.GetRegion(), Zone: h.Locality.GetZone(),
-				SubZone: h.Locality.GetSubZone(), RqActive: h.ActiveRequests.Load(), Hostname: h.Hostname,
+				SubZone: h.Locality.GetSubZone(), RqActive: h.ActiveRequests(), Hostname: h.Hostname,
 			})
 		}
 		out = append(out, cs)

@@ -270,6 +270,14 @@ type Scope struct {
 // Scope returns a scope whose stats are named prefix + "." + name.
 func (s *Store) Scope(prefix string) Scope { return Scope{store: s, prefix: prefix + "."} }
 
+// Scope returns the sub-scope name of sc.
+func (sc Scope) Scope(name string) Scope {
+	return Scope{store: sc.store, prefix: sc.prefix + name + "."}
+}
+
+// IsZero reports a scope without a store (stats are not kept).
+func (sc Scope) IsZero() bool { return sc.store == nil }
+
 // Counter returns the scoped counter.
 func (sc Scope) Counter(name string) *Counter { return sc.store.Counter(sc.prefix + name) }
 

@@ -51,18 +51,6 @@ type ConnectError struct {
 func (e *ConnectError) Error() string { return fmt.Sprintf("connect to %s: %v", e.Host, e.Err) }
 func (e *ConnectError) Unwrap() error { return e.Err }
 
-// Hook is per-request policy around a cluster's hosts (circuit breakers, outlier
-// detection). Admit may refuse a request (return an error naming the limit, which the
-// router answers with 503 and UO); release is called when the request ends. Result
-// reports each attempt's outcome (status 0 with a non-nil err for a failed attempt).
-type Hook interface {
-	Admit(ctx context.Context) (release func(), err error)
-	Result(h *Host, status int, err error)
-}
-
-// HookFactory builds the hook of a cluster; nil hook means the cluster needs none.
-type HookFactory func(c *Cluster) (Hook, error)
-
 // ClusterStats are Envoy's cluster.<name>.* statistics the proxy keeps.
 type ClusterStats struct {
 	UpstreamCxTotal, UpstreamCxConnectFail, UpstreamCxDestroy *stats.Counter
@@ -70,7 +58,12 @@ type ClusterStats struct {
 	UpstreamCxActive                                          *stats.Gauge
 	UpstreamRqTotal, UpstreamRqCompleted, UpstreamRqTimeout   *stats.Counter
 	UpstreamRqPendingOverflow, UpstreamRqRetry                *stats.Counter
-	UpstreamRqActive                                          *stats.Gauge
+	UpstreamRqRetrySuccess, UpstreamRqRetryOverflow           *stats.Counter
+	UpstreamRqRetryLimitExceeded, UpstreamRqRetryBackoffExp   *stats.Counter
+	UpstreamRqPerTryTimeout, UpstreamRqCancelled              *stats.Counter
+	UpstreamRqPendingTotal, UpstreamCxOverflow                *stats.Counter
+	RetryOrShadowAbandoned                                    *stats.Counter
+	UpstreamRqActive, UpstreamRqPendingActive                 *stats.Gauge
 	UpstreamRqTime                                            *stats.Histogram
 	MembershipHealthy, MembershipTotal, MembershipDegraded    *stats.Gauge
 	MembershipExcluded                                        *stats.Gauge
@@ -81,28 +74,38 @@ type ClusterStats struct {
 
 func newClusterStats(sc stats.Scope) *ClusterStats {
 	return &ClusterStats{
-		scope:                     sc,
-		UpstreamCxTotal:           sc.Counter("upstream_cx_total"),
-		UpstreamCxConnectFail:     sc.Counter("upstream_cx_connect_fail"),
-		UpstreamCxDestroy:         sc.Counter("upstream_cx_destroy"),
-		UpstreamCxHTTP1Total:      sc.Counter("upstream_cx_http1_total"),
-		UpstreamCxHTTP2Total:      sc.Counter("upstream_cx_http2_total"),
-		UpstreamCxActive:          sc.Gauge("upstream_cx_active"),
-		UpstreamRqTotal:           sc.Counter("upstream_rq_total"),
-		UpstreamRqCompleted:       sc.Counter("upstream_rq_completed"),
-		UpstreamRqTimeout:         sc.Counter("upstream_rq_timeout"),
-		UpstreamRqPendingOverflow: sc.Counter("upstream_rq_pending_overflow"),
-		UpstreamRqRetry:           sc.Counter("upstream_rq_retry"),
-		UpstreamRqActive:          sc.Gauge("upstream_rq_active"),
-		UpstreamRqTime:            sc.Histogram("upstream_rq_time"),
-		MembershipHealthy:         sc.Gauge("membership_healthy"),
-		MembershipTotal:           sc.Gauge("membership_total"),
-		MembershipDegraded:        sc.Gauge("membership_degraded"),
-		MembershipExcluded:        sc.Gauge("membership_excluded"),
-		UpdateSuccess:             sc.Counter("update_success"),
-		UpdateEmpty:               sc.Counter("update_empty"),
-		LBHealthyPanic:            sc.Counter("lb_healthy_panic"),
-		UpstreamCxNoneHealthy:     sc.Counter("upstream_cx_none_healthy"),
+		scope:                        sc,
+		UpstreamCxTotal:              sc.Counter("upstream_cx_total"),
+		UpstreamCxConnectFail:        sc.Counter("upstream_cx_connect_fail"),
+		UpstreamCxDestroy:            sc.Counter("upstream_cx_destroy"),
+		UpstreamCxHTTP1Total:         sc.Counter("upstream_cx_http1_total"),
+		UpstreamCxHTTP2Total:         sc.Counter("upstream_cx_http2_total"),
+		UpstreamCxActive:             sc.Gauge("upstream_cx_active"),
+		UpstreamRqTotal:              sc.Counter("upstream_rq_total"),
+		UpstreamRqCompleted:          sc.Counter("upstream_rq_completed"),
+		UpstreamRqTimeout:            sc.Counter("upstream_rq_timeout"),
+		UpstreamRqPendingOverflow:    sc.Counter("upstream_rq_pending_overflow"),
+		UpstreamRqRetry:              sc.Counter("upstream_rq_retry"),
+		UpstreamRqRetrySuccess:       sc.Counter("upstream_rq_retry_success"),
+		UpstreamRqRetryOverflow:      sc.Counter("upstream_rq_retry_overflow"),
+		UpstreamRqRetryLimitExceeded: sc.Counter("upstream_rq_retry_limit_exceeded"),
+		UpstreamRqRetryBackoffExp:    sc.Counter("upstream_rq_retry_backoff_exponential"),
+		UpstreamRqPerTryTimeout:      sc.Counter("upstream_rq_per_try_timeout"),
+		UpstreamRqCancelled:          sc.Counter("upstream_rq_cancelled"),
+		UpstreamRqPendingTotal:       sc.Counter("upstream_rq_pending_total"),
+		UpstreamCxOverflow:           sc.Counter("upstream_cx_overflow"),
+		RetryOrShadowAbandoned:       sc.Counter("retry_or_shadow_abandoned"),
+		UpstreamRqPendingActive:      sc.Gauge("upstream_rq_pending_active"),
+		UpstreamRqActive:             sc.Gauge("upstream_rq_active"),
+		UpstreamRqTime:               sc.Histogram("upstream_rq_time"),
+		MembershipHealthy:            sc.Gauge("membership_healthy"),
+		MembershipTotal:              sc.Gauge("membership_total"),
+		MembershipDegraded:           sc.Gauge("membership_degraded"),
+		MembershipExcluded:           sc.Gauge("membership_excluded"),
+		UpdateSuccess:                sc.Counter("update_success"),
+		UpdateEmpty:                  sc.Counter("update_empty"),
+		LBHealthyPanic:               sc.Counter("lb_healthy_panic"),
+		UpstreamCxNoneHealthy:        sc.Counter("upstream_cx_none_healthy"),
 	}
 }
 
@@ -120,7 +123,17 @@ func (s *ClusterStats) RecordResponse(code int, d time.Duration) {
 	s.UpstreamRqTime.Record(float64(d.Microseconds()) / 1000)
 }
 
-// Cluster is one upstream cluster with its hosts, balancer and connection pool.
+// RecordRetriedResponse counts the response of an attempt that was retried: Envoy charges
+// it to retry.upstream_rq_<code> and retry.upstream_rq_<class>xx only.
+func (s *ClusterStats) RecordRetriedResponse(code int, d time.Duration) {
+	s.UpstreamRqCompleted.Inc()
+	s.scope.Counter("retry.upstream_rq_" + strconv.Itoa(code)).Inc()
+	s.scope.Counter("retry.upstream_rq_" + strconv.Itoa(code/100) + "xx").Inc()
+	s.UpstreamRqTime.Record(float64(d.Microseconds()) / 1000)
+}
+
+// Cluster is one upstream cluster with its hosts, balancer, circuit breakers, outlier
+// detection and connection pool.
 type Cluster struct {
 	Name    string
 	Config  *clusterv3.Cluster
@@ -130,9 +143,15 @@ type Cluster struct {
 	Stats       *ClusterStats
 	Protocol    Protocol
 
-	lb    LoadBalancer
-	hooks []Hook
-	hosts atomic.Pointer[HostSet]
+	lb       LoadBalancer
+	rules    priorityRules
+	locality bool // locality weighted picking applies to this balancer
+	breakers [2]*Breakers
+	outlier  *outlierDetector
+	hosts    atomic.Pointer[HostSet]
+	gen      atomic.Uint64
+	state    atomic.Pointer[lbState]
+	ids      atomic.Uint64
 
 	connectTimeout time.Duration
 	h1             *http.Transport
@@ -149,10 +168,12 @@ func (c *Cluster) Hosts() *HostSet {
 	return &HostSet{}
 }
 
-// SetHosts replaces the hosts and updates the membership gauges.
+// SetHosts replaces the hosts (keeping the per-address state of hosts that stay) and
+// updates the membership gauges.
 func (c *Cluster) SetHosts(hs *HostSet) {
+	hs.adopt(c.hosts.Load())
 	c.hosts.Store(hs)
-	c.updateMembership()
+	c.HealthChanged()
 }
 
 func (c *Cluster) updateMembership() {
@@ -175,49 +196,82 @@ func (c *Cluster) updateMembership() {
 	c.Stats.MembershipExcluded.Set(excluded)
 }
 
-// HealthChanged re-counts membership after a host's health changed (outlier detection).
-func (c *Cluster) HealthChanged() { c.updateMembership() }
+// HealthChanged re-counts membership and recomputes the priority loads after a host's
+// health changed (outlier detection, EDS).
+func (c *Cluster) HealthChanged() {
+	c.gen.Add(1)
+	c.updateMembership()
+}
 
-// Choose picks a host for a request; nil means no host (UH).
-func (c *Cluster) Choose(ctx *LBContext) *Host {
-	candidates, panic := c.Hosts().Candidates()
-	if panic {
-		c.Stats.LBHealthyPanic.Inc()
+func (c *Cluster) lbState() *lbState {
+	hs, gen := c.Hosts(), c.gen.Load()
+	if st := c.state.Load(); st != nil && st.hs == hs && st.gen == gen {
+		return st
 	}
-	if len(candidates) == 0 {
+	st := buildState(hs, gen, c.rules, func() uint64 { return c.ids.Add(1) })
+	c.state.Store(st)
+	return st
+}
+
+// Choose picks a host for a request by Envoy's order: the priority by the priority loads,
+// the locality by effective locality weight (with locality_weighted_lb_config), then the
+// host by the cluster's balancer, again (up to ctx.HostSelectionAttempts times) when the
+// retry host predicate rejects it. nil means no host (UH).
+func (c *Cluster) Choose(ctx *LBContext) *Host {
+	cands, panic := c.lbState().pick(c.locality)
+	if cands == nil || len(cands.Hosts) == 0 {
 		c.Stats.UpstreamCxNoneHealthy.Inc()
 		return nil
 	}
-	return c.lb.Choose(candidates, ctx)
+	if panic {
+		c.Stats.LBHealthyPanic.Inc()
+	}
+	if ctx == nil {
+		ctx = &LBContext{}
+	}
+	ctx.attempt = 0
+	h := c.lb.Choose(cands, ctx)
+	for ctx.rejects(h) && ctx.attempt < ctx.HostSelectionAttempts {
+		ctx.attempt++
+		h = c.lb.Choose(cands, ctx)
+	}
+	return h
 }
 
-// Admit runs the cluster's hooks before a request; the returned release must be called
-// when the request ends.
-func (c *Cluster) Admit(ctx context.Context) (func(), error) {
-	var releases []func()
-	release := func() {
-		for _, r := range releases {
-			r()
-		}
+// Breakers returns the circuit breakers of a routing priority (0 DEFAULT, 1 HIGH).
+func (c *Cluster) Breakers(priority int) *Breakers {
+	if priority < 0 || priority > 1 {
+		priority = 0
 	}
-	for _, h := range c.hooks {
-		r, err := h.Admit(ctx)
-		if err != nil {
-			release()
-			return nil, err
-		}
-		if r != nil {
-			releases = append(releases, r)
-		}
-	}
-	return release, nil
+	return c.breakers[priority]
 }
 
-// Report tells the hooks how an attempt ended.
-func (c *Cluster) Report(h *Host, status int, err error) {
-	for _, hk := range c.hooks {
-		hk.Result(h, status, err)
+// ReportStatus tells outlier detection the response status an attempt got from h.
+func (c *Cluster) ReportStatus(h *Host, status int) {
+	if c.outlier != nil && h != nil {
+		c.outlier.putHTTPCode(h, status)
 	}
+}
+
+// ReportResult tells outlier detection about a locally originated outcome.
+func (c *Cluster) ReportResult(h *Host, r Result) {
+	if c.outlier != nil && h != nil {
+		c.outlier.putResult(h, r)
+	}
+}
+
+// start runs the cluster's background work (the outlier detection interval) until ctx
+// ends.
+func (c *Cluster) start(ctx context.Context) {
+	if c.outlier != nil {
+		go c.outlier.run(ctx)
+	}
+}
+
+// UsesHTTP2 reports whether requests go upstream over HTTP/2 (h2c), given the downstream
+// protocol for clusters that follow it.
+func (c *Cluster) UsesHTTP2(downstreamHTTP2 bool) bool {
+	return c.Protocol == ProtocolHTTP2 || (c.Protocol == ProtocolDownstream && downstreamHTTP2)
 }
 
 // RoundTrip sends req to host h over the cluster's pool. downstreamHTTP2 selects the
@@ -225,8 +279,7 @@ func (c *Cluster) Report(h *Host, status int, err error) {
 func (c *Cluster) RoundTrip(req *http.Request, h *Host, downstreamHTTP2 bool) (*http.Response, error) {
 	req.URL.Scheme = "http"
 	req.URL.Host = h.Address
-	useH2 := c.Protocol == ProtocolHTTP2 || (c.Protocol == ProtocolDownstream && downstreamHTTP2)
-	if useH2 {
+	if c.UsesHTTP2(downstreamHTTP2) {
 		return c.h2.RoundTrip(req)
 	}
 	return c.h1.RoundTrip(req)
@@ -288,6 +341,20 @@ func newCluster(cfg *clusterv3.Cluster, version string, sc stats.Scope, lb LoadB
 		Name: cfg.GetName(), Config: cfg, Version: version, lb: lb,
 		Stats: newClusterStats(sc), conns: map[*countedConn]struct{}{},
 		connectTimeout: defaultConnectTimeout,
+	}
+	c.rules = priorityRules{panicThreshold: PanicThreshold}
+	if t := cfg.GetCommonLbConfig().GetHealthyPanicThreshold(); t != nil {
+		c.rules.panicThreshold = int(t.GetValue())
+	}
+	c.rules.localityWeighted = cfg.GetCommonLbConfig().GetLocalityWeightedLbConfig() != nil
+	c.locality = c.rules.localityWeighted && !hashBased(cfg.GetLbPolicy())
+	c.breakers = breakersFor(cfg, sc, c.Stats)
+	if od := cfg.GetOutlierDetection(); od != nil {
+		d, err := newOutlierDetector(c, od, sc)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", cfg.GetName(), err)
+		}
+		c.outlier = d
 	}
 	c.ServiceName = cfg.GetEdsClusterConfig().GetServiceName()
 	if c.ServiceName == "" {
@@ -366,6 +433,20 @@ func protocolOf(cfg *clusterv3.Cluster) (Protocol, error) {
 	return ProtocolHTTP1, nil
 }
 
+// hostSetFromAssignment converts a ClusterLoadAssignment into a host set with its
+// overprovisioning factor.
+func hostSetFromAssignment(cla *endpointv3.ClusterLoadAssignment) (*HostSet, error) {
+	hosts, err := hostsFromAssignment(cla)
+	if err != nil {
+		return nil, err
+	}
+	hs := NewHostSet(hosts)
+	if f := cla.GetPolicy().GetOverprovisioningFactor(); f != nil {
+		hs.OverprovisioningFactor = f.GetValue()
+	}
+	return hs, nil
+}
+
 // hostsFromAssignment converts a ClusterLoadAssignment into hosts.
 func hostsFromAssignment(cla *endpointv3.ClusterLoadAssignment) ([]*Host, error) {
 	var hosts []*Host
@@ -390,6 +471,7 @@ func hostsFromAssignment(cla *endpointv3.ClusterLoadAssignment) ([]*Host, error)
 				Metadata:       lbe.GetMetadata(),
 				Health:         lbe.GetHealthStatus(),
 			}
+			h.st = &hostState{}
 			hosts = append(hosts, h)
 		}
 	}

@@ -1,11 +1,11 @@
 // Package upstream is meshproxy's cluster manager: clusters from the bootstrap or CDS,
-// their endpoints (static, DNS or EDS) grouped by priority, load balancing over the healthy
-// hosts, and a connection pool per cluster (HTTP/1.1 keep-alive or h2c) with Envoy's
-// cluster statistics.
+// their endpoints (static, DNS or EDS) grouped by priority and locality, load balancing
+// over the healthy hosts with Envoy's priority, panic and locality rules, circuit breakers,
+// outlier detection, and a connection pool per cluster (HTTP/1.1 keep-alive or h2c) with
+// Envoy's cluster statistics.
 //
-// Policies that are not part of the core live in their own files and plug in through the
-// Manager's registries: a load balancer per lb_policy (lbpolicies.go), and the Hooks a
-// cluster consults around each request (circuit breakers, outlier detection).
+// Load balancers live in lbpolicies.go (one per lb_policy), circuit breakers in
+// breakers.go and outlier detection in outlier.go.
 package upstream
 
 import (
@@ -14,7 +14,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 )
 
-// Host is one upstream endpoint of a cluster.
+// Host is one upstream endpoint of a cluster. A Host value is replaced when EDS sends
+// the endpoint again; the state that must survive that (requests in flight, outlier
+// detection) lives in a hostState shared by every Host value of the same address.
 type Host struct {
 	// Address is "ip:port" (or "name:port" for DNS clusters resolved at connect time).
 	Address  string
@@ -27,17 +29,38 @@ type Host struct {
 	Metadata       *corev3.Metadata
 	Health         corev3.HealthStatus
 
-	// ActiveRequests is the number of requests in flight to the host (least request LB).
-	ActiveRequests atomic.Int64
-	// ejected is set by outlier detection.
-	ejected atomic.Bool
+	st *hostState
 }
+
+// hostState is what a host keeps across endpoint updates.
+type hostState struct {
+	active  atomic.Int64
+	ejected atomic.Bool
+	od      outlierHost
+}
+
+func (h *Host) state() *hostState {
+	if h.st == nil {
+		// Hosts built outside a cluster (ORIGINAL_DST, tests) get their state on first use;
+		// such hosts are used by one request at a time.
+		h.st = &hostState{}
+	}
+	return h.st
+}
+
+// ActiveRequests is the number of requests in flight to the host (least request LB,
+// /clusters rq_active).
+func (h *Host) ActiveRequests() int64 { return h.state().active.Load() }
+
+// RequestStarted and RequestFinished count a request in flight to the host.
+func (h *Host) RequestStarted()  { h.state().active.Add(1) }
+func (h *Host) RequestFinished() { h.state().active.Add(-1) }
 
 // Healthy reports whether the host may take traffic: its EDS health status is
 // UNKNOWN or HEALTHY (DEGRADED hosts are used only when nothing better is left, which
 // this proxy treats as healthy) and outlier detection has not ejected it.
 func (h *Host) Healthy() bool {
-	if h.ejected.Load() {
+	if h.state().ejected.Load() {
 		return false
 	}
 	switch h.Health {
@@ -48,24 +71,27 @@ func (h *Host) Healthy() bool {
 }
 
 // Ejected reports whether outlier detection ejected the host.
-func (h *Host) Ejected() bool { return h.ejected.Load() }
+func (h *Host) Ejected() bool { return h.state().ejected.Load() }
 
-// SetEjected is outlier detection's switch.
-func (h *Host) SetEjected(v bool) { h.ejected.Store(v) }
-
-// Excluded reports whether EDS marked the host as not to be used at all (DRAINING or
-// TIMEOUT/UNHEALTHY still count towards membership_total, as in Envoy).
+// Excluded reports whether EDS marked the host as not to be used at all, even in panic
+// (DRAINING; TIMEOUT/UNHEALTHY hosts still count towards membership_total, as in Envoy).
 func (h *Host) Excluded() bool { return h.Health == corev3.HealthStatus_DRAINING }
 
 // HostSet is a cluster's hosts, grouped by priority (index = priority).
 type HostSet struct {
 	All        []*Host
 	Priorities [][]*Host
+	// OverprovisioningFactor is the ClusterLoadAssignment's policy.overprovisioning_factor
+	// in percent (Envoy's default 140).
+	OverprovisioningFactor uint32
 }
+
+// DefaultOverprovisioningFactor is Envoy's default overprovisioning factor (1.4).
+const DefaultOverprovisioningFactor = 140
 
 // NewHostSet groups hosts by priority.
 func NewHostSet(hosts []*Host) *HostSet {
-	s := &HostSet{All: hosts}
+	s := &HostSet{All: hosts, OverprovisioningFactor: DefaultOverprovisioningFactor}
 	for _, h := range hosts {
 		for int(h.Priority) >= len(s.Priorities) {
 			s.Priorities = append(s.Priorities, nil)
@@ -73,6 +99,26 @@ func NewHostSet(hosts []*Host) *HostSet {
 		s.Priorities[h.Priority] = append(s.Priorities[h.Priority], h)
 	}
 	return s
+}
+
+// adopt carries the per-address state of old into the hosts of s, so that an EDS update
+// keeps requests in flight, ejections and outlier counters.
+func (s *HostSet) adopt(old *HostSet) {
+	prev := map[string]*hostState{}
+	if old != nil {
+		for _, h := range old.All {
+			if h.st != nil {
+				prev[h.Address] = h.st
+			}
+		}
+	}
+	for _, h := range s.All {
+		if st := prev[h.Address]; st != nil {
+			h.st = st
+		} else if h.st == nil {
+			h.st = &hostState{}
+		}
+	}
 }
 
 // Healthy counts the healthy hosts.
@@ -86,56 +132,5 @@ func (s *HostSet) Healthy() int {
 	return n
 }
 
-// PanicThreshold is Envoy's default healthy panic threshold (percent): below it the load
-// balancer ignores health and uses every host of the priority.
+// PanicThreshold is Envoy's default healthy panic threshold (percent).
 const PanicThreshold = 50
-
-// Candidates returns the hosts a load balancer should choose from, following Envoy's
-// priority and panic rules in a simplified form: the healthy hosts of the first priority
-// that is healthy enough (with Envoy's 1.4 overprovisioning factor), else of the first
-// priority that has any; when the healthy share of the whole cluster is below the panic
-// threshold (including no healthy host at all) health is ignored and every usable host of
-// the first non-empty priority is a candidate, as in Envoy's panic mode. Nil means the
-// cluster has no hosts (UH).
-func (s *HostSet) Candidates() (hosts []*Host, panic bool) {
-	total, healthyTotal := 0, 0
-	var firstHealthy []*Host
-	for _, p := range s.Priorities {
-		var healthy []*Host
-		for _, h := range p {
-			if h.Healthy() {
-				healthy = append(healthy, h)
-			}
-		}
-		total += len(p)
-		healthyTotal += len(healthy)
-		if len(healthy) > 0 && len(healthy)*140 >= 100*len(p) {
-			return healthy, false
-		}
-		if firstHealthy == nil && len(healthy) > 0 {
-			firstHealthy = healthy
-		}
-	}
-	if total == 0 {
-		return nil, false
-	}
-	if healthyTotal*100 >= PanicThreshold*total && firstHealthy != nil {
-		return firstHealthy, false
-	}
-	for _, p := range s.Priorities {
-		if u := usable(p); len(u) > 0 {
-			return u, true
-		}
-	}
-	return nil, true
-}
-
-func usable(hs []*Host) []*Host {
-	out := make([]*Host, 0, len(hs))
-	for _, h := range hs {
-		if !h.Excluded() {
-			out = append(out, h)
-		}
-	}
-	return out
-}

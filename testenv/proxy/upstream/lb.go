@@ -2,9 +2,10 @@ package upstream
 
 import (
 	"net/http"
-	"sync/atomic"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
 )
 
 // LBContext is what a load balancer may look at for one request.
@@ -14,50 +15,44 @@ type LBContext struct {
 	// Hash is the request hash computed by the route's hash policy, when HasHash.
 	Hash    uint64
 	HasHash bool
-	// Attempted are hosts already tried by earlier attempts of the same request (retry host
-	// predicates avoid them when they can).
+	// Attempted are hosts already tried by earlier attempts of the same request.
 	Attempted []*Host
+	// AvoidAttempted is the previous_hosts retry host predicate: a host in Attempted is
+	// rejected and chosen again, up to HostSelectionAttempts times (Envoy's
+	// host_selection_retry_max_attempts, default 1).
+	AvoidAttempted        bool
+	HostSelectionAttempts int
+	// attempt is the selection attempt (0 first); hash balancers move along their ring
+	// or table with it.
+	attempt int
+}
+
+// Attempt is the current host selection attempt (0 for the first choice).
+func (c *LBContext) Attempt() int {
+	if c == nil {
+		return 0
+	}
+	return c.attempt
+}
+
+func (c *LBContext) rejects(h *Host) bool {
+	if c == nil || !c.AvoidAttempted {
+		return false
+	}
+	for _, a := range c.Attempted {
+		if a.Address == h.Address {
+			return true
+		}
+	}
+	return false
 }
 
 // LoadBalancer chooses a host among candidates (never empty).
 type LoadBalancer interface {
-	Choose(candidates []*Host, ctx *LBContext) *Host
+	Choose(c *Candidates, ctx *LBContext) *Host
 }
 
 // LBFactory builds a load balancer for a cluster. It is called when the cluster is
 // created or updated, not when its hosts change: a balancer sees the current candidates on
-// every Choose.
-type LBFactory func(c *clusterv3.Cluster) (LoadBalancer, error)
-
-// roundRobin is Envoy's ROUND_ROBIN: hosts in turn, weighted by repetition when weights
-// differ.
-type roundRobin struct {
-	next atomic.Uint64
-}
-
-func newRoundRobin(*clusterv3.Cluster) (LoadBalancer, error) { return &roundRobin{}, nil }
-
-func (r *roundRobin) Choose(candidates []*Host, _ *LBContext) *Host {
-	n := r.next.Add(1) - 1
-	weighted := false
-	var total uint64
-	for _, h := range candidates {
-		w := uint64(max(h.Weight, 1))
-		total += w
-		if w != 1 {
-			weighted = true
-		}
-	}
-	if !weighted {
-		return candidates[n%uint64(len(candidates))]
-	}
-	slot := n % total
-	for _, h := range candidates {
-		w := uint64(max(h.Weight, 1))
-		if slot < w {
-			return h
-		}
-		slot -= w
-	}
-	return candidates[0]
-}
+// every Choose. sc is the cluster's stats scope, for balancers with their own gauges.
+type LBFactory func(c *clusterv3.Cluster, sc stats.Scope) (LoadBalancer, error)

@@ -28,8 +28,7 @@ type Manager struct {
 	store *stats.Store
 	log   *slog.Logger
 
-	lbs   map[clusterv3.Cluster_LbPolicy]LBFactory
-	hooks []HookFactory
+	lbs map[clusterv3.Cluster_LbPolicy]LBFactory
 
 	mu       sync.RWMutex
 	active   map[string]*entry
@@ -53,7 +52,7 @@ type entry struct {
 // NewManager returns an empty cluster manager whose background work (DNS refresh, warming
 // timeouts) stops with ctx.
 func NewManager(ctx context.Context, store *stats.Store, log *slog.Logger) *Manager {
-	m := &Manager{ctx: ctx, store: store, log: log, lbs: builtinLBs(), hooks: builtinHooks(),
+	m := &Manager{ctx: ctx, store: store, log: log, lbs: builtinLBs(),
 		active: map[string]*entry{}, warming: map[string]*entry{}, cla: map[string]*endpointv3.ClusterLoadAssignment{}}
 	sc := store.Scope("cluster_manager")
 	m.cmStats.added = sc.Counter("cluster_added")
@@ -65,17 +64,14 @@ func NewManager(ctx context.Context, store *stats.Store, log *slog.Logger) *Mana
 	return m
 }
 
+// Context is the cluster manager's lifetime (work that outlives a request, such as shadow
+// requests, stops with it).
+func (m *Manager) Context() context.Context { return m.ctx }
+
 // RegisterLB adds or replaces the balancer of an lb_policy.
 func (m *Manager) RegisterLB(p clusterv3.Cluster_LbPolicy, f LBFactory) {
 	m.mu.Lock()
 	m.lbs[p] = f
-	m.mu.Unlock()
-}
-
-// AddHook adds a per-cluster hook factory (applies to clusters created afterwards).
-func (m *Manager) AddHook(f HookFactory) {
-	m.mu.Lock()
-	m.hooks = append(m.hooks, f)
 	m.mu.Unlock()
 }
 
@@ -109,7 +105,6 @@ func (m *Manager) build(cfg *clusterv3.Cluster, version string) (*Cluster, error
 	}
 	m.mu.RLock()
 	lbf := m.lbs[cfg.GetLbPolicy()]
-	hooks := append([]HookFactory(nil), m.hooks...)
 	m.mu.RUnlock()
 	if cfg.GetType() == clusterv3.Cluster_ORIGINAL_DST && cfg.GetLbPolicy() == clusterv3.Cluster_CLUSTER_PROVIDED {
 		lbf = newRoundRobin
@@ -129,22 +124,14 @@ func (m *Manager) build(cfg *clusterv3.Cluster, version string) (*Cluster, error
 	default:
 		return nil, fmt.Errorf("cluster %s: cluster_type extensions are not supported", cfg.GetName())
 	}
-	lb, err := lbf(cfg)
+	sc := m.store.Scope("cluster." + cfg.GetName())
+	lb, err := lbf(cfg, sc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", cfg.GetName(), err)
 	}
-	c, err := newCluster(cfg, version, m.store.Scope("cluster."+cfg.GetName()), lb)
+	c, err := newCluster(cfg, version, sc, lb)
 	if err != nil {
 		return nil, err
-	}
-	for _, hf := range hooks {
-		h, err := hf(c)
-		if err != nil {
-			return nil, fmt.Errorf("cluster %s: %w", cfg.GetName(), err)
-		}
-		if h != nil {
-			c.hooks = append(c.hooks, h)
-		}
 	}
 	if la := cfg.GetLoadAssignment(); la != nil && cfg.GetType() != clusterv3.Cluster_EDS {
 		if _, err := hostsFromAssignment(la); err != nil {
@@ -181,21 +168,23 @@ func (m *Manager) AddOrUpdate(cfg *clusterv3.Cluster, version string, static boo
 	switch cfg.GetType() {
 	case clusterv3.Cluster_EDS:
 		if cla := m.cla[c.ServiceName]; cla != nil {
-			hosts, _ := hostsFromAssignment(cla)
-			c.SetHosts(NewHostSet(hosts))
+			hs, _ := hostSetFromAssignment(cla)
+			c.SetHosts(hs)
 		} else {
 			warm = true
 		}
 	case clusterv3.Cluster_STATIC, clusterv3.Cluster_ORIGINAL_DST:
-		hosts, _ := hostsFromAssignment(cfg.GetLoadAssignment())
-		c.SetHosts(NewHostSet(hosts))
+		hs, _ := hostSetFromAssignment(cfg.GetLoadAssignment())
+		c.SetHosts(hs)
 	case clusterv3.Cluster_STRICT_DNS, clusterv3.Cluster_LOGICAL_DNS:
-		hosts, _ := hostsFromAssignment(cfg.GetLoadAssignment())
-		c.SetHosts(NewHostSet(hosts))
+		hs, _ := hostSetFromAssignment(cfg.GetLoadAssignment())
+		hosts := hs.All
+		c.SetHosts(hs)
 		if cfg.GetType() == clusterv3.Cluster_STRICT_DNS {
 			go m.refreshDNS(ctx, c, hosts)
 		}
 	}
+	c.start(ctx)
 	if warm {
 		timeout := defaultInitialFetchTimeout
 		if t := cfg.GetEdsClusterConfig().GetEdsConfig().GetInitialFetchTimeout(); t != nil {
@@ -292,15 +281,21 @@ func (m *Manager) DynamicNames() []string {
 // UpdateEndpoints applies an EDS ClusterLoadAssignment to every cluster with its service
 // name, activating warming clusters.
 func (m *Manager) UpdateEndpoints(cla *endpointv3.ClusterLoadAssignment) error {
-	hosts, err := hostsFromAssignment(cla)
+	base, err := hostSetFromAssignment(cla)
 	if err != nil {
 		return fmt.Errorf("cluster load assignment %s: %w", cla.GetClusterName(), err)
+	}
+	hosts := base.All
+	hostSet := func() *HostSet {
+		hs := NewHostSet(cloneHosts(hosts))
+		hs.OverprovisioningFactor = base.OverprovisioningFactor
+		return hs
 	}
 	m.mu.Lock()
 	m.cla[cla.GetClusterName()] = cla
 	for _, e := range m.active {
 		if e.c.Config.GetType() == clusterv3.Cluster_EDS && e.c.ServiceName == cla.GetClusterName() {
-			e.c.SetHosts(NewHostSet(cloneHosts(hosts)))
+			e.c.SetHosts(hostSet())
 			e.c.Stats.UpdateSuccess.Inc()
 			if len(hosts) == 0 {
 				e.c.Stats.UpdateEmpty.Inc()
@@ -310,7 +305,7 @@ func (m *Manager) UpdateEndpoints(cla *endpointv3.ClusterLoadAssignment) error {
 	var done []*entry
 	for name, e := range m.warming {
 		if e.c.ServiceName == cla.GetClusterName() {
-			e.c.SetHosts(NewHostSet(cloneHosts(hosts)))
+			e.c.SetHosts(hostSet())
 			if e.timer != nil {
 				e.timer.Stop()
 			}
@@ -472,5 +467,5 @@ func OriginalDstHost(addr string) *Host {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		addr = net.JoinHostPort(addr, strconv.Itoa(80))
 	}
-	return &Host{Address: addr, Weight: 1}
+	return &Host{Address: addr, Weight: 1, st: &hostState{}}
 }
