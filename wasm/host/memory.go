@@ -150,14 +150,16 @@ func (vc *vmCall) alloc(ctx context.Context, size uint32) (uint32, Status) {
 	if fn == nil {
 		return 0, StatusInternalFailure
 	}
-	res, err := fn.Call(ctx, uint64(size))
-	if err != nil {
+	// The allocator runs nested inside the current callback: its stack sits one level up.
+	stack := vc.vm.stack(vc.vm.w.depth+1, 1)
+	stack[0] = uint64(size)
+	if err := fn.CallWithStack(ctx, stack); err != nil {
 		panic(&guestAbort{err: err})
 	}
-	if len(res) == 0 || uint32(res[0]) == 0 {
+	ptr := uint32(stack[0])
+	if ptr == 0 {
 		return 0, StatusInvalidMemoryAccess
 	}
-	ptr := uint32(res[0])
 	if !canWrite(vc.vm.mod.Memory(), ptr, size) {
 		return 0, StatusInvalidMemoryAccess
 	}

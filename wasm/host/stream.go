@@ -245,8 +245,10 @@ func (p *Plugin) newStream(s *streamCore, opts StreamOptions, attach func(*guest
 	gc := &guestContext{id: s.id}
 	attach(gc)
 	v.contexts[s.id] = gc
-	vc := &vmCall{vm: v, effective: s.id, callback: fnOnContextCreate, sync: s}
-	if _, _, err := v.call(vc, fnOnContextCreate, uint64(s.id), uint64(v.rootID)); err != nil {
+	vc := v.newCall(s.id, fnOnContextCreate, s)
+	_, _, err = v.call(vc, fnOnContextCreate, uint64(s.id), uint64(v.rootID))
+	v.release(vc)
+	if err != nil {
 		s.failed = in.fail(v, err, s)
 	}
 	return nil
@@ -273,10 +275,13 @@ func (s *streamCore) run(cb string, prepare func(), args ...uint64) (res Result,
 	if prepare != nil {
 		prepare()
 	}
-	vc := &vmCall{vm: s.v, effective: s.id, callback: cb, sync: s}
-	ret, exported, err := s.v.call(vc, cb, args...)
+	v := s.v
+	vc := v.newCall(s.id, cb, s)
+	ret, exported, err := v.call(vc, cb, args...)
+	local, signals := vc.local, vc.signals
+	v.release(vc)
 	if err != nil {
-		f := s.in.fail(s.v, err, s)
+		f := s.in.fail(v, err, s)
 		s.failed = f
 		return s.failResult(f), false
 	}
@@ -286,8 +291,8 @@ func (s *streamCore) run(cb string, prepare func(), args ...uint64) (res Result,
 		// ContinueAndEndStream, which continues.
 		res.Action = Pause
 	}
-	res.LocalResponse = vc.local
-	res.Signals = vc.signals
+	res.LocalResponse = local
+	res.Signals = signals
 	return res, exported
 }
 
@@ -320,8 +325,11 @@ func (s *streamCore) finish(cbs ...string) {
 		if cb == fnOnLog {
 			s.phase = phaseLog
 		}
-		vc := &vmCall{vm: s.v, effective: s.id, callback: cb, sync: s}
-		if _, _, err := s.v.call(vc, cb, uint64(s.id)); err != nil {
+		v := s.v
+		vc := v.newCall(s.id, cb, s)
+		_, _, err := v.call(vc, cb, uint64(s.id))
+		v.release(vc)
+		if err != nil {
 			s.failed = s.in.fail(s.v, err, s)
 			s.failReported = true
 			return

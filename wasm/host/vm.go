@@ -27,6 +27,14 @@ type vm struct {
 
 	fns     map[string]api.Function
 	allocFn api.Function
+	// arity caches each export's parameter and result counts, so a call needs no
+	// definition lookups.
+	arity map[string]arity
+	// stacks are the parameter/result stacks of the calls in progress, by nesting depth,
+	// reused from call to call (wazero's Call allocates one per call).
+	stacks [][]uint64
+	// spare holds vmCalls for reuse (see newCall).
+	spare []*vmCall
 
 	rootID   uint32
 	nextID   uint32
@@ -102,6 +110,7 @@ func (in *instance) startVM() (*vm, error) {
 		in: in, p: p,
 		mem:      newLimitedMemory(p.limit),
 		fns:      map[string]api.Function{},
+		arity:    map[string]arity{},
 		contexts: map[uint32]*guestContext{},
 		calls:    map[uint32]*pendingCall{},
 		nextID:   1,
@@ -242,6 +251,10 @@ func (v *vm) adopt(mod api.Module) {
 			v.fns[name] = fn
 		}
 	}
+	for name, fn := range v.fns {
+		d := fn.Definition()
+		v.arity[name] = arity{params: len(d.ParamTypes()), results: len(d.ResultTypes())}
+	}
 	// The spec prefers proxy_on_memory_allocate and keeps malloc for older modules.
 	if v.allocFn = v.fns[fnMemoryAllocate]; v.allocFn == nil {
 		v.allocFn = v.fns[fnMalloc]
@@ -303,18 +316,55 @@ func (v *vm) call(vc *vmCall, name string, args ...uint64) (ret uint64, exported
 		v.cur = prev
 	}()
 	v.mem.refused = false
-	// Adapt to 0.1.0 header callbacks, which lack end_of_stream.
-	if n := len(fn.Definition().ParamTypes()); n < len(args) {
-		args = args[:n]
-	}
-	res, cerr := fn.Call(v.w.ctx, args...)
-	if cerr != nil {
+	// 0.1.0 header callbacks lack end_of_stream: extra arguments are dropped.
+	a := v.arity[name]
+	stack := v.stack(v.w.depth, max(a.params, a.results))
+	copy(stack, args[:min(len(args), a.params)])
+	if cerr := fn.CallWithStack(v.w.ctx, stack); cerr != nil {
 		return 0, true, v.classify(name, cerr)
 	}
-	if len(res) > 0 {
-		return res[0], true, nil
+	if a.results > 0 {
+		return stack[0], true, nil
 	}
 	return 1, true, nil
+}
+
+// arity is an export's parameter and result counts.
+type arity struct{ params, results int }
+
+// stack returns the reusable call stack for a call at depth, of at least n values.
+func (v *vm) stack(depth, n int) []uint64 {
+	for len(v.stacks) <= depth {
+		v.stacks = append(v.stacks, make([]uint64, 8))
+	}
+	if len(v.stacks[depth]) < n {
+		v.stacks[depth] = make([]uint64, n)
+	}
+	s := v.stacks[depth][:n]
+	clear(s)
+	return s
+}
+
+// newCall returns a vmCall for a callback, reusing one that release gave back: a
+// callback on a hot path would otherwise allocate one per call.
+func (v *vm) newCall(effective uint32, callback string, sync *streamCore) *vmCall {
+	var vc *vmCall
+	if n := len(v.spare); n > 0 {
+		vc, v.spare = v.spare[n-1], v.spare[:n-1]
+	} else {
+		vc = &vmCall{vm: v}
+	}
+	vc.effective, vc.callback, vc.sync = effective, callback, sync
+	return vc
+}
+
+// release gives vc back for reuse once its callback has returned and its results (local
+// reply, signals) have been taken: nothing may hold it afterwards.
+func (v *vm) release(vc *vmCall) {
+	*vc = vmCall{vm: v}
+	if len(v.spare) < 4 {
+		v.spare = append(v.spare, vc)
+	}
 }
 
 // classify turns a runtime error into a Failure.
