@@ -344,7 +344,7 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 		// and keep read buffers small, so a connection costs little memory when quiet.
 		grpc.SharedWriteBuffer(true),
 		// Large responses go out in fewer, larger writes; the buffer is pooled, not per stream.
-		grpc.WriteBufferSize(256 << 10),
+		grpc.WriteBufferSize(64 << 10),
 		// Fixed windows turn off gRPC's bandwidth-delay probing, which costs a ping and its
 		// answer per received message; proxies only send small requests.
 		grpc.InitialWindowSize(1 << 20),
