@@ -5,6 +5,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 
@@ -72,20 +73,8 @@ func (c *Config) Equal(o *Config) bool {
 	if c == nil || o == nil {
 		return c == o
 	}
-	return c.Key() == o.Key() && mapsEqual(c.Labels, o.Labels) &&
-		mapsEqual(c.Annotations, o.Annotations) && proto.Equal(c.Spec, o.Spec)
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if bv, ok := b[k]; !ok || bv != v {
-			return false
-		}
-	}
-	return true
+	return c.Key() == o.Key() && maps.Equal(c.Labels, o.Labels) &&
+		maps.Equal(c.Annotations, o.Annotations) && proto.Equal(c.Spec, o.Spec)
 }
 
 // SortConfigs orders configs by kind, namespace and name so output is deterministic.

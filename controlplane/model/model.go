@@ -4,6 +4,7 @@
 package model
 
 import (
+	"maps"
 	"sort"
 	"strings"
 )
@@ -211,14 +212,4 @@ func stringsEqual(a, b []string) bool {
 	return true
 }
 
-func labelsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if bv, ok := b[k]; !ok || bv != v {
-			return false
-		}
-	}
-	return true
-}
+func labelsEqual(a, b map[string]string) bool { return maps.Equal(a, b) }

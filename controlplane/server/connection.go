@@ -267,3 +267,70 @@ func (c *Connection) observeConvergence(ev *pushEvent) {
 		c.srv.metrics.ConvergenceTime.Observe(time.Since(ev.req.Start).Seconds())
 	}
 }
+
+// stream is what serve needs of an ADS stream of either variant.
+type stream[Req any] interface {
+	Context() context.Context
+	Recv() (Req, error)
+}
+
+// serve runs one ADS stream: the first request identifies and admits the proxy, then
+// requests (read by their own goroutine, as a blocking Recv cannot be selected on) and pushes
+// are handled one at a time until the stream or the server ends.
+func serve[Req any](s *Server, st stream[Req], delta bool, node func(Req) *core.Node,
+	onRequest func(*Connection, Req) error, onPush func(*Connection, *pushEvent) error) error {
+	first, err := st.Recv()
+	if err != nil {
+		if isClosed(err) {
+			return nil
+		}
+		return err
+	}
+	c, err := s.newConnection(st.Context(), node(first), delta)
+	if err != nil {
+		return err
+	}
+	s.addConnection(c)
+	defer s.closeConnection(c)
+
+	reqs := make(chan Req)
+	errs := make(chan error, 1)
+	go func() {
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				errs <- err
+				return
+			}
+			select {
+			case reqs <- r:
+			case <-c.stopped:
+				return
+			}
+		}
+	}()
+	if err := onRequest(c, first); err != nil {
+		return err
+	}
+	for {
+		select {
+		case r := <-reqs:
+			if err := onRequest(c, r); err != nil {
+				return err
+			}
+		case d := <-c.pushCh:
+			err := onPush(c, d.ev)
+			close(d.done)
+			if err != nil {
+				return err
+			}
+		case err := <-errs:
+			if isClosed(err) {
+				return nil
+			}
+			return err
+		case <-s.stop:
+			return nil
+		}
+	}
+}

@@ -13,61 +13,9 @@ import (
 // DeltaAggregatedResources serves incremental (delta) ADS: only changed resources and the
 // names of removed ones are sent.
 func (s *Server) DeltaAggregatedResources(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	ctx := stream.Context()
-	first, err := stream.Recv()
-	if err != nil {
-		if isClosed(err) {
-			return nil
-		}
-		return err
-	}
-	c, err := s.newConnection(ctx, first.GetNode(), true)
-	if err != nil {
-		return err
-	}
-	s.addConnection(c)
-	defer s.closeConnection(c)
-
-	reqs := make(chan *discovery.DeltaDiscoveryRequest)
-	errs := make(chan error, 1)
-	go func() {
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				errs <- err
-				return
-			}
-			select {
-			case reqs <- r:
-			case <-c.stopped:
-				return
-			}
-		}
-	}()
-	if err := c.onDeltaRequest(stream, first); err != nil {
-		return err
-	}
-	for {
-		select {
-		case r := <-reqs:
-			if err := c.onDeltaRequest(stream, r); err != nil {
-				return err
-			}
-		case d := <-c.pushCh:
-			err := c.pushDelta(stream, d.ev)
-			close(d.done)
-			if err != nil {
-				return err
-			}
-		case err := <-errs:
-			if isClosed(err) {
-				return nil
-			}
-			return err
-		case <-s.stop:
-			return nil
-		}
-	}
+	return serve(s, stream, true, (*discovery.DeltaDiscoveryRequest).GetNode,
+		func(c *Connection, r *discovery.DeltaDiscoveryRequest) error { return c.onDeltaRequest(stream, r) },
+		func(c *Connection, ev *pushEvent) error { return c.pushDelta(stream, ev) })
 }
 
 func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, r *discovery.DeltaDiscoveryRequest) error {

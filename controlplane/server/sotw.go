@@ -11,61 +11,9 @@ import (
 
 // StreamAggregatedResources serves State of the World ADS.
 func (s *Server) StreamAggregatedResources(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	ctx := stream.Context()
-	first, err := stream.Recv()
-	if err != nil {
-		if isClosed(err) {
-			return nil
-		}
-		return err
-	}
-	c, err := s.newConnection(ctx, first.GetNode(), false)
-	if err != nil {
-		return err
-	}
-	s.addConnection(c)
-	defer s.closeConnection(c)
-
-	reqs := make(chan *discovery.DiscoveryRequest)
-	errs := make(chan error, 1)
-	go func() {
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				errs <- err
-				return
-			}
-			select {
-			case reqs <- r:
-			case <-c.stopped:
-				return
-			}
-		}
-	}()
-	if err := c.onSotwRequest(stream, first); err != nil {
-		return err
-	}
-	for {
-		select {
-		case r := <-reqs:
-			if err := c.onSotwRequest(stream, r); err != nil {
-				return err
-			}
-		case d := <-c.pushCh:
-			err := c.pushSotw(stream, d.ev)
-			close(d.done)
-			if err != nil {
-				return err
-			}
-		case err := <-errs:
-			if isClosed(err) {
-				return nil
-			}
-			return err
-		case <-s.stop:
-			return nil
-		}
-	}
+	return serve(s, stream, false, (*discovery.DiscoveryRequest).GetNode,
+		func(c *Connection, r *discovery.DiscoveryRequest) error { return c.onSotwRequest(stream, r) },
+		func(c *Connection, ev *pushEvent) error { return c.pushSotw(stream, ev) })
 }
 
 func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, r *discovery.DiscoveryRequest) error {

@@ -15,7 +15,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
@@ -244,15 +243,7 @@ func inboundFilters(v *View, in Inbound) []*listener.Filter {
 		VirtualHosts: []*route.VirtualHost{{
 			Name:    fmt.Sprintf("inbound|http|%d", in.Port),
 			Domains: []string{"*"},
-			Routes: []*route.Route{{
-				Name:  "default",
-				Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
-				Action: &route.Route_Route{Route: &route.RouteAction{
-					ClusterSpecifier: &route.RouteAction_Cluster{Cluster: cluster},
-					Timeout:          durationpb.New(0),
-				}},
-				Decorator: &route.Decorator{Operation: fmt.Sprintf("%s:%d/*", firstHost(in.Hosts), in.ServicePort)},
-			}},
+			Routes:  []*route.Route{defaultRoute(cluster, firstHost(in.Hosts), in.ServicePort)},
 		}},
 	}
 	return []*listener.Filter{httpConnectionManager(v, statPrefix, DirInbound, &hcm.HttpConnectionManager_RouteConfig{RouteConfig: rc})}

@@ -86,16 +86,7 @@ func virtualHosts(snap *push.Snapshot, proxyNS string, op *outboundPort) []*rout
 		out = append(out, &route.VirtualHost{
 			Name:    fmt.Sprintf("%s:%d", h, op.Port),
 			Domains: domains,
-			Routes: []*route.Route{{
-				Name:  "default",
-				Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
-				Action: &route.Route_Route{Route: &route.RouteAction{
-					ClusterSpecifier: &route.RouteAction_Cluster{Cluster: cluster},
-					// Istio disables Envoy's 15 s default; a VirtualService sets timeouts.
-					Timeout: durationpb.New(0),
-				}},
-				Decorator: &route.Decorator{Operation: fmt.Sprintf("%s:%d/*", h, op.Port)},
-			}},
+			Routes:  []*route.Route{defaultRoute(cluster, h, op.Port)},
 		})
 	}
 	if snap.Mesh.GetOutboundTrafficPolicy().GetMode() == meshconfig.MeshConfig_OutboundTrafficPolicy_REGISTRY_ONLY {
@@ -137,4 +128,19 @@ func domainsFor(svc *model.Service, proxyNS string, port uint32) []string {
 		out = append(out, n, fmt.Sprintf("%s:%d", n, port))
 	}
 	return out
+}
+
+// defaultRoute sends every request to cluster, Istio's route for a service without a
+// VirtualService.
+func defaultRoute(cluster, host string, port uint32) *route.Route {
+	return &route.Route{
+		Name:  "default",
+		Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &route.Route_Route{Route: &route.RouteAction{
+			ClusterSpecifier: &route.RouteAction_Cluster{Cluster: cluster},
+			// Istio disables Envoy's 15 s default; a VirtualService sets timeouts.
+			Timeout: durationpb.New(0),
+		}},
+		Decorator: &route.Decorator{Operation: fmt.Sprintf("%s:%d/*", host, port)},
+	}
 }
