@@ -30,10 +30,13 @@ func freePort(t *testing.T) string {
 // TestBinaryServesAndShutsDownGracefully runs the real binary: flags, environment, config
 // directory, xDS, debug HTTP, and SIGTERM.
 func TestBinaryServesAndShutsDownGracefully(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "discovery")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, string(out))
+	// make test builds bin/discovery first; otherwise build it here.
+	bin := filepath.Join(os.Getenv("WASMESH_BIN_DIR"), "discovery")
+	if _, err := os.Stat(bin); os.Getenv("WASMESH_BIN_DIR") == "" || err != nil {
+		bin = filepath.Join(t.TempDir(), "discovery")
+		out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+		require.NoError(t, err, string(out))
+	}
 
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`

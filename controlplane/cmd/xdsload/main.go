@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
 	"strings"
@@ -83,7 +84,7 @@ type proxy struct {
 	c  *adsc.Client
 }
 
-func run(ctx context.Context, o options, in *os.File, out *os.File) error {
+func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
