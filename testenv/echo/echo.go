@@ -39,6 +39,10 @@ type Config struct {
 	Delay time.Duration
 	// CallTimeout bounds each call (default 10s).
 	CallTimeout time.Duration
+	// StartupCall, when set, is called once before the application serves; if it fails the
+	// application does not start, as an application that needs a dependency at start-up
+	// (the case holdApplicationUntilProxyStarts exists for).
+	StartupCall string
 }
 
 // Answer is the JSON body of every response.
@@ -72,7 +76,11 @@ type Server struct {
 
 // New validates cfg and returns the handler.
 func New(cfg Config) (*Server, error) {
-	for _, c := range cfg.Calls {
+	urls := append([]string{}, cfg.Calls...)
+	if cfg.StartupCall != "" {
+		urls = append(urls, cfg.StartupCall)
+	}
+	for _, c := range urls {
 		u, err := url.Parse(c)
 		if err != nil || u.Scheme != "http" || u.Host == "" {
 			return nil, fmt.Errorf("echo: call %q is not an http:// URL with a host", c)
@@ -240,6 +248,26 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// Start makes the start-up call, if any: an error means the application cannot start.
+func (s *Server) Start(ctx context.Context) error {
+	if s.cfg.StartupCall == "" {
+		return nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.cfg.StartupCall, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("echo: start-up call to %s: %w", s.cfg.StartupCall, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("echo: start-up call to %s: %s", s.cfg.StartupCall, resp.Status)
+	}
+	return nil
 }
 
 // Serve runs the application on ln until ctx ends, then stops accepting and lets the

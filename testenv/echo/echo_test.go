@@ -180,3 +180,22 @@ func TestShutdownFinishesRequestsInFlight(t *testing.T) {
 	assert.Equal(t, 200, <-result)
 	assert.NoError(t, <-done)
 }
+
+func TestStartupCall(t *testing.T) {
+	back := start(t, Config{Service: "reviews"})
+	ok, err := New(Config{StartupCall: "http://" + back + "/"})
+	require.NoError(t, err)
+	assert.NoError(t, ok.Start(context.Background()))
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gone := l.Addr().String()
+	l.Close()
+	bad, err := New(Config{StartupCall: "http://" + gone + "/"})
+	require.NoError(t, err)
+	assert.ErrorContains(t, bad.Start(context.Background()), "start-up call to http://"+gone)
+
+	failing, err := New(Config{StartupCall: "http://" + back + "/status/503"})
+	require.NoError(t, err)
+	assert.ErrorContains(t, failing.Start(context.Background()), "503")
+}

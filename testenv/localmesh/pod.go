@@ -36,10 +36,12 @@ type PodSpec struct {
 	// Port is the application's container port (a service's targetPort). Default 8080.
 	Port int
 	// Calls are the URLs the application calls for every request to "/" (through its
-	// sidecar's outbound listeners), FailEvery and Delay its test knobs (package echo).
-	Calls     []string
-	FailEvery int
-	Delay     time.Duration
+	// sidecar's outbound listeners), FailEvery and Delay its test knobs, StartupCall a
+	// call it makes once before serving and without which it does not start (package echo).
+	Calls       []string
+	StartupCall string
+	FailEvery   int
+	Delay       time.Duration
 	// HoldApplicationUntilProxyStarts starts the application only after `agent wait`
 	// succeeds, as the injector's postStart hook does.
 	HoldApplicationUntilProxyStarts bool
@@ -147,10 +149,24 @@ func (p *Pod) readyURL() string {
 	return "http://" + net.JoinHostPort(p.IP, "15021") + "/healthz/ready"
 }
 
-// WaitReady waits until the pod's readiness (the agent's, as the kubelet probes it) passes.
+// WaitReady waits until the pod is ready as the kubelet sees it: the sidecar's readiness
+// (the agent's /healthz/ready) passes and the application accepts connections (its
+// readiness probe). An application that exits meanwhile is an error.
 func (p *Pod) WaitReady(ctx context.Context) error {
-	return waitFor(ctx, p.agent, "pod "+p.Spec.Name+" to be ready", func() error {
+	if err := waitFor(ctx, p.agent, "pod "+p.Spec.Name+" to be ready", func() error {
 		return httpOK(p.StatusURL("/healthz/ready"))
+	}); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	app := p.app
+	p.mu.Unlock()
+	return waitFor(ctx, app, "application of pod "+p.Spec.Name+" to listen", func() error {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(p.Localhost, strconv.Itoa(p.Spec.Port)), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
 	})
 }
 
@@ -295,6 +311,9 @@ func (p *Pod) startApp() error {
 	for _, c := range p.Spec.Calls {
 		args = append(args, "--call", c)
 	}
+	if p.Spec.StartupCall != "" {
+		args = append(args, "--startupCall", p.Spec.StartupCall)
+	}
 	if p.Spec.FailEvery > 0 {
 		args = append(args, "--failEvery", strconv.Itoa(p.Spec.FailEvery))
 	}
@@ -347,6 +366,13 @@ func (p *Pod) Running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.agent != nil && p.agent.Running()
+}
+
+// AppRunning reports whether the pod's application is running.
+func (p *Pod) AppRunning() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.app != nil && p.app.Running()
 }
 
 // Agent is the pod's agent process.

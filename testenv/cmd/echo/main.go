@@ -40,6 +40,9 @@ func command() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := srv.Start(cmd.Context()); err != nil {
+				return err
+			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("echo: listen on %s: %w", listen, err)
@@ -73,6 +76,7 @@ func command() *cobra.Command {
 	f.StringVar(&cfg.OutboundAddress, "outboundAddress", "", "send calls to this IP (the sidecar's outbound listeners) instead of the URL's host")
 	f.IntVar(&cfg.FailEvery, "failEvery", 0, "answer 503 to every Nth request")
 	f.DurationVar(&cfg.Delay, "delay", 0, "delay every answer")
+	f.StringVar(&cfg.StartupCall, "startupCall", "", "URL called once before serving; the application fails to start if the call fails")
 	f.DurationVar(&cfg.CallTimeout, "callTimeout", 10*time.Second, "timeout of each call")
 	f.DurationVar(&shutdownDelay, "shutdownDelay", 0, "keep serving this long after SIGTERM")
 	f.DurationVar(&grace, "grace", 10*time.Second, "how long requests in flight may take to finish at shutdown")
