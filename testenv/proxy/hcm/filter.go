@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -185,6 +186,9 @@ type Stream struct {
 	Log      *slog.Logger
 	// FilterState is shared between the filters of the stream.
 	FilterState map[string]any
+	// StatPrefix is the connection manager's stats scope ("http.<stat_prefix>."), where
+	// HTTP filters keep their statistics.
+	StatPrefix string
 	// StreamIdleTimeout is the connection manager's stream_idle_timeout (Envoy's default
 	// five minutes; 0 disables it); a route's idle_timeout overrides it.
 	StreamIdleTimeout time.Duration
@@ -239,11 +243,35 @@ func (s *Stream) RouteConfig() *route.Config {
 func (s *Stream) ClearRouteCache() { s.routeResolved = false; s.route = nil }
 
 // SendLocalReply answers the stream from the proxy with Envoy's conventions: the body as
-// text/plain, the details recorded for %RESPONSE_CODE_DETAILS%, and the flag set.
+// text/plain, the details recorded for %RESPONSE_CODE_DETAILS%, and the flag set. A gRPC
+// request gets a gRPC answer instead, as Envoy's local replies do: HTTP 200 with
+// grpc-status mapped from the HTTP status and grpc-message holding the body.
 func (s *Stream) SendLocalReply(code int, body string, hdr http.Header, details string, flag streaminfo.Flag) Status {
+	return s.SendLocalReplyGRPC(code, body, hdr, details, flag, -1)
+}
+
+// SendLocalReplyGRPC is SendLocalReply with an explicit gRPC status for gRPC requests (-1:
+// derived from the HTTP status).
+func (s *Stream) SendLocalReplyGRPC(code int, body string, hdr http.Header, details string, flag streaminfo.Flag, grpcStatus int) Status {
 	h := http.Header{}
 	for k, v := range hdr {
 		h[k] = v
+	}
+	if IsGRPC(s.Request) {
+		if grpcStatus < 0 {
+			grpcStatus = GRPCStatusFromHTTP(code)
+		}
+		h.Set("content-type", "application/grpc")
+		h.Set("grpc-status", strconv.Itoa(grpcStatus))
+		if body != "" {
+			h.Set("grpc-message", grpcMessage(body))
+		}
+		s.Response = &Response{Status: http.StatusOK, Header: h, Local: true}
+		if flag != 0 {
+			s.Info.AddFlag(flag)
+		}
+		s.Info.SetResponse(http.StatusOK, details)
+		return Stop
 	}
 	if body != "" && h.Get("content-type") == "" {
 		h.Set("content-type", "text/plain")
@@ -261,4 +289,41 @@ func (s *Stream) SendLocalReply(code int, body string, hdr http.Header, details 
 	}
 	s.Info.SetResponse(code, details)
 	return Stop
+}
+
+// IsGRPC reports a gRPC request (content-type application/grpc...).
+func IsGRPC(r *http.Request) bool {
+	return strings.HasPrefix(r.Header.Get("content-type"), "application/grpc")
+}
+
+// GRPCStatusFromHTTP is Envoy's Grpc::Utility::httpToGrpcStatus.
+func GRPCStatusFromHTTP(code int) int {
+	switch code {
+	case http.StatusBadRequest:
+		return 13 // INTERNAL
+	case http.StatusUnauthorized:
+		return 16 // UNAUTHENTICATED
+	case http.StatusForbidden:
+		return 7 // PERMISSION_DENIED
+	case http.StatusNotFound:
+		return 12 // UNIMPLEMENTED
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return 14 // UNAVAILABLE
+	}
+	return 2 // UNKNOWN
+}
+
+// grpcMessage percent-encodes a grpc-message value (gRPC's spec: bytes outside
+// printable ASCII and '%').
+func grpcMessage(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }

@@ -315,7 +315,8 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	m.prepareRequest(r, info)
 	s := &Stream{ctx: r.Context(), Request: r, Info: info, HTTP2: h2, Listener: m.ctx.Listener,
-		Log: m.ctx.Log, routes: m.routes, FilterState: map[string]any{}, StreamIdleTimeout: m.streamIdle}
+		Log: m.ctx.Log, routes: m.routes, FilterState: map[string]any{}, StreamIdleTimeout: m.streamIdle,
+		StatPrefix: "http." + m.proto.GetStatPrefix() + "."}
 
 	filters, _ := m.instantiate(s)
 	ran := 0

@@ -301,6 +301,34 @@ func (r *Route) PerFilterConfig(name string, wc *WeightedCluster) *anypb.Any {
 	return r.VHost.config.Proto.GetTypedPerFilterConfig()[name]
 }
 
+// PerFilterConfigs returns every typed_per_filter_config for a filter name, most specific
+// first: weighted cluster, route, virtual host, route configuration. A
+// config.route.v3.FilterConfig wrapper is unwrapped (a disabled one is skipped).
+func (r *Route) PerFilterConfigs(name string, wc *WeightedCluster) []*anypb.Any {
+	var levels []map[string]*anypb.Any
+	if wc != nil && wc.Proto != nil {
+		levels = append(levels, wc.Proto.GetTypedPerFilterConfig())
+	}
+	levels = append(levels, r.Proto.GetTypedPerFilterConfig(), r.VHost.Proto.GetTypedPerFilterConfig(),
+		r.VHost.config.Proto.GetTypedPerFilterConfig())
+	var out []*anypb.Any
+	for _, l := range levels {
+		a := l[name]
+		if a == nil {
+			continue
+		}
+		fc := &routev3.FilterConfig{}
+		if a.MessageIs(fc) {
+			if err := a.UnmarshalTo(fc); err != nil || fc.GetDisabled() || fc.GetConfig() == nil {
+				continue
+			}
+			a = fc.GetConfig()
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
 // Timeout is the route timeout (0 disables it).
 func (r *Route) Timeout() time.Duration {
 	if r.Action == nil || r.Action.GetTimeout() == nil {

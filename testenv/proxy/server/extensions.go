@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/wasmesh/wasmesh/testenv/proxy/cors"
+	"github.com/wasmesh/wasmesh/testenv/proxy/fault"
 	"github.com/wasmesh/wasmesh/testenv/proxy/wasmfilter"
 	"github.com/wasmesh/wasmesh/wasm/host"
 )
@@ -20,5 +22,13 @@ func wasmExtension(s *Server) error {
 		return err
 	}
 	s.registry.Register(wasmfilter.TypeURL, m.Factory)
+	return nil
+}
+
+// httpFiltersExtension registers the HTTP filters written in Go: envoy.filters.http.fault
+// and envoy.filters.http.cors.
+func httpFiltersExtension(s *Server) error {
+	s.registry.Register(fault.TypeURL, fault.Factory)
+	s.registry.Register(cors.TypeURL, cors.Factory)
 	return nil
 }

@@ -79,4 +79,4 @@ func (p hotRestartProvider) Drain() {
 func (p hotRestartProvider) Terminate() { p.s.Quit() }
 
 // DefaultExtensions are the extensions every meshproxy has.
-func DefaultExtensions() []Extension { return []Extension{wasmExtension} }
+func DefaultExtensions() []Extension { return []Extension{wasmExtension, httpFiltersExtension} }

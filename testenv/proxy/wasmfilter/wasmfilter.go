@@ -486,10 +486,7 @@ func (f *filter) localReply(s *hcm.Stream, lr *host.LocalResponse) {
 	for _, kv := range lr.Headers {
 		h.Add(kv[0], kv[1])
 	}
-	if lr.GRPCStatus >= 0 && strings.HasPrefix(s.Request.Header.Get("content-type"), "application/grpc") {
-		h.Set("grpc-status", fmt.Sprint(lr.GRPCStatus))
-	}
-	s.SendLocalReply(lr.StatusCode, string(lr.Body), h, lr.Details, 0)
+	s.SendLocalReplyGRPC(lr.StatusCode, string(lr.Body), h, lr.Details, 0, int(lr.GRPCStatus))
 }
 
 func (f *filter) DecodeHeaders(s *hcm.Stream) hcm.Status {
