@@ -1,0 +1,199 @@
+// Command meshrun starts the local mesh with the sample application (what `make run`
+// does): discovery with the sample config directory, the bookinfo pods as
+// agent → proxy → echo on loopback, and steady traffic, then prints where to look and a
+// live summary until Ctrl-C, which drains every pod and stops cleanly.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wasmesh/wasmesh/testenv/loadgen"
+	"github.com/wasmesh/wasmesh/testenv/localmesh"
+)
+
+func main() {
+	if err := command().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func command() *cobra.Command {
+	var (
+		opts     localmesh.Options
+		rate     float64
+		interval time.Duration
+		once     bool
+	)
+	cmd := &cobra.Command{
+		Use:          "meshrun",
+		Short:        "Run the local mesh with the sample application and steady traffic",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd.OutOrStdout(), opts, rate, interval, once)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.ConfigDir, "config", "testenv/samples/bookinfo", "sample config directory (Istio YAML, templates with {{.WasmDir}})")
+	f.StringVar(&opts.Dir, "dir", "build/mesh", "where the running mesh keeps its config, pods and logs")
+	f.StringVar(&opts.BinDir, "bin", "bin", "directory of the built binaries")
+	f.StringVar(&opts.WasmDir, "wasm", "build/wasm", "directory of the built filters")
+	f.StringVar(&opts.Proxy, "proxy", os.Getenv("MESH_PROXY"), "meshproxy (default) or envoy from PATH")
+	f.Float64Var(&rate, "rate", 20, "requests per second sent to the front end")
+	f.DurationVar(&interval, "interval", 2*time.Second, "how often the live summary is printed")
+	f.BoolVar(&once, "once", false, "print the summary once after the first requests, then stop the mesh (a smoke test)")
+	return cmd
+}
+
+func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Duration, once bool) error {
+	begin := time.Now()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	for _, p := range []*string{&opts.Dir, &opts.BinDir, &opts.WasmDir, &opts.ConfigDir} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return err
+		}
+		*p = abs
+	}
+	if err := os.RemoveAll(opts.Dir); err != nil {
+		return err
+	}
+	opts.Logf = func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) }
+	fmt.Fprintf(out, "starting the local mesh (proxy: %s)\n", or(opts.Proxy, "meshproxy"))
+	m, err := localmesh.Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Fprintln(out, "stopping: every pod drains, then discovery stops")
+		m.Close()
+		fmt.Fprintln(out, "stopped; logs are in", filepath.Join(opts.Dir, "pods"), "and", filepath.Join(opts.Dir, "logs"))
+	}()
+	var front *localmesh.Pod
+	for _, spec := range localmesh.Bookinfo() {
+		p, err := m.AddPod(ctx, spec)
+		if err != nil {
+			return err
+		}
+		if spec.Labels["app"] == "productpage" {
+			front = p
+		}
+	}
+	frontURL := front.URL("/")
+	load, err := loadgen.Start(ctx, loadgen.Config{Rate: rate, Concurrency: 32,
+		Request: func(int) (*http.Request, error) { return http.NewRequest(http.MethodGet, frontURL, nil) },
+		Failed:  func(status int) bool { return status != http.StatusOK },
+	})
+	if err != nil {
+		return err
+	}
+	first := waitFirstSuccess(ctx, load)
+	fmt.Fprintf(out, "\nthe mesh is up: first successful request through it %v after start\n\n", first.Sub(begin).Round(time.Millisecond))
+	printGuide(out, m, frontURL)
+
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	prev := load.Snapshot()
+	for {
+		select {
+		case <-ctx.Done():
+			res := load.Stop()
+			fmt.Fprintf(out, "\nload: %s\n", res.String())
+			return nil
+		case <-t.C:
+		}
+		cur := load.Snapshot()
+		printSummary(ctx, out, m, prev, cur)
+		prev = cur
+		if once {
+			res := load.Stop()
+			fmt.Fprintf(out, "\nload: %s\n", res.String())
+			return nil
+		}
+	}
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func waitFirstSuccess(ctx context.Context, g *loadgen.Generator) time.Time {
+	for ctx.Err() == nil {
+		if g.Snapshot().Succeeded > 0 {
+			return time.Now()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Now()
+}
+
+func printGuide(out io.Writer, m *localmesh.Mesh, frontURL string) {
+	fmt.Fprintf(out, "front end:          curl %s\n", frontURL)
+	fmt.Fprintf(out, "config (edit live): %s\n", m.ConfigDir())
+	fmt.Fprintf(out, "discovery:          %s  %s  %s  %s\n", m.DiscoveryURL("/debug/syncz"), m.DiscoveryURL("/debug/configz"),
+		m.DiscoveryURL("/debug/registryz"), m.DiscoveryURL("/metrics"))
+	for _, p := range m.Pods() {
+		fmt.Fprintf(out, "pod %-22s metrics %s   admin %s\n", p.Spec.Name, p.StatusURL("/stats/prometheus"), p.AdminURL("/"))
+	}
+	fmt.Fprintln(out, "\nCtrl-C drains every pod and stops the mesh.")
+}
+
+// printSummary prints one screen: the load's rate and errors over the last interval, and
+// the top istio_requests_total series of every pod by source, destination and code.
+func printSummary(ctx context.Context, out io.Writer, m *localmesh.Mesh, prev, cur loadgen.Result) {
+	secs := (cur.Elapsed - prev.Elapsed).Seconds()
+	done := (cur.Succeeded + cur.Failed) - (prev.Succeeded + prev.Failed)
+	failed := cur.Failed - prev.Failed
+	errRate := 0.0
+	if done > 0 {
+		errRate = 100 * float64(failed) / float64(done)
+	}
+	fmt.Fprintf(out, "\n%s  %.1f req/s  errors %.1f%%  (total %d, failed %d)  p50 %v  p99 %v\n",
+		time.Now().Format("15:04:05"), float64(done)/secs, errRate, cur.Succeeded+cur.Failed, cur.Failed,
+		cur.Quantile(0.5).Round(10*time.Microsecond), cur.Quantile(0.99).Round(10*time.Microsecond))
+	type row struct {
+		key   string
+		value float64
+	}
+	var rows []row
+	for _, p := range m.Pods() {
+		if !p.Running() {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		ms, err := p.Metrics(cctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, s := range ms.Series("istio_requests_total", nil) {
+			rows = append(rows, row{localmesh.Describe(s.Labels, "reporter", "source_workload", "destination_workload", "response_code"), s.Value})
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].value > rows[j].value })
+	if len(rows) == 0 {
+		fmt.Fprintln(out, "  (no istio_requests_total yet: the telemetry filter reports once requests complete)")
+	}
+	for i, r := range rows {
+		if i == 8 {
+			break
+		}
+		fmt.Fprintf(out, "  %8.0f  istio_requests_total%s\n", r.value, strings.TrimSpace(r.key))
+	}
+}
