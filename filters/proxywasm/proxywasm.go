@@ -253,6 +253,36 @@ func SetSharedData(key string, data []byte, cas uint32) error {
 // GetProperty forwards to the SDK.
 func GetProperty(path []string) ([]byte, error) { return sdk.GetProperty(path) }
 
+// AppendProperty appends the value of the host property at path to dst (dst unchanged on
+// error): GetProperty without a result allocation in the wasip1 build. Not in the SDK.
+func AppendProperty(dst []byte, path []string) ([]byte, error) {
+	v, err := sdk.GetProperty(path)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, v...), nil
+}
+
+// AppendHttpRequestHeader appends the first value of a request header to dst. Not in the
+// SDK.
+func AppendHttpRequestHeader(dst []byte, key string) ([]byte, error) {
+	v, err := sdk.GetHttpRequestHeader(key)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, v...), nil
+}
+
+// AppendHttpResponseHeader appends the first value of a response header to dst. Not in
+// the SDK.
+func AppendHttpResponseHeader(dst []byte, key string) ([]byte, error) {
+	v, err := sdk.GetHttpResponseHeader(key)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, v...), nil
+}
+
 // GetPropertyMap forwards to the SDK.
 func GetPropertyMap(path []string) ([][2]string, error) { return sdk.GetPropertyMap(path) }
 

@@ -395,6 +395,39 @@ func encodePath(path []string) []byte {
 	return abi.AppendPath(scratch(size)[:0], path)
 }
 
+// AppendProperty appends the value of the host property at path to dst and returns the
+// extended slice (dst unchanged on error). It is GetProperty for hot paths that decode or
+// compare the value at once: the result is not allocated. Not in the SDK.
+func AppendProperty(dst []byte, path []string) ([]byte, error) {
+	if len(path) == 0 {
+		return dst, errors.New("path must not be empty")
+	}
+	var r hostResult
+	r.begin()
+	defer r.end()
+	raw := encodePath(path)
+	pp, pn := bytesPtr(raw)
+	st := hostGetProperty(pp, pn, r.ptr(), r.size())
+	keepBytes(raw)
+	b, err := r.view(st)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, b...), nil
+}
+
+// AppendHttpRequestHeader appends the first value of a request header to dst, like
+// AppendProperty for GetHttpRequestHeader. Not in the SDK.
+func AppendHttpRequestHeader(dst []byte, key string) ([]byte, error) {
+	return appendMapValue(dst, abi.MapHTTPRequestHeaders, key)
+}
+
+// AppendHttpResponseHeader appends the first value of a response header to dst, like
+// AppendProperty for GetHttpResponseHeader. Not in the SDK.
+func AppendHttpResponseHeader(dst []byte, key string) ([]byte, error) {
+	return appendMapValue(dst, abi.MapHTTPResponseHeaders, key)
+}
+
 // GetPropertyMap returns a map-typed host property decoded as pairs.
 func GetPropertyMap(path []string) ([][2]string, error) {
 	b, err := GetProperty(path)
@@ -580,6 +613,19 @@ func getMapValue(mapType uint32, key string) (string, error) {
 		return "", err
 	}
 	return string(b), nil
+}
+
+func appendMapValue(dst []byte, mapType uint32, key string) ([]byte, error) {
+	var r hostResult
+	r.begin()
+	defer r.end()
+	st := hostGetHeaderMapValue(mapType, key, r.ptr(), r.size())
+	keepString(key)
+	b, err := r.view(st)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, b...), nil
 }
 
 func addMapValue(mapType uint32, key, value string) error {

@@ -49,6 +49,8 @@ func TestSDKAgainstTheHost(t *testing.T) {
 		{op: "shared", want: map[string]string{
 			"x-shared": "ok,v1,ok,ok,cas_mismatch,v2,not_found"}},
 		{op: "queue", want: map[string]string{"x-queue": "ok,ok,ok,a/ok,bb/ok,/empty"}},
+		{op: "append", headers: [][2]string{{"x-in", "v"}}, want: map[string]string{
+			"x-append": "pre:/p|v/ok,not_found,ok,not_found", "x-append-response": "status:200/ok"}},
 		{op: "foreign", want: map[string]string{"x-foreign": "echo:ping/ok"}},
 		{op: "retain", headers: [][2]string{{"x-in", "kept-across-callbacks"}}, want: map[string]string{
 			"x-retained": "kept-across-callbacks"}},

@@ -163,11 +163,12 @@ func clusterHost(cluster string) string {
 	if !ok || (dir != "outbound" && dir != "inbound") {
 		return ""
 	}
-	parts := strings.SplitN(rest, "|", 3)
-	if len(parts) != 3 {
+	_, rest, ok1 := strings.Cut(rest, "|") // port
+	_, host, ok2 := strings.Cut(rest, "|") // subset
+	if !ok1 || !ok2 {
 		return ""
 	}
-	return parts[2]
+	return host
 }
 
 // kubernetesService splits NAME.NAMESPACE.svc[.DOMAIN].
@@ -192,13 +193,12 @@ func stripPort(authority string) string {
 	return authority[:i]
 }
 
-// requestProtocol is Istio's request_protocol for an HTTP request.
-func requestProtocol(contentType string) string {
-	if strings.HasPrefix(contentType, grpcContentType) {
-		return protocolGRPC
-	}
-	return protocolHTTP
+// isGRPC says whether a request's content-type makes its request_protocol "grpc" rather
+// than "http", as in Istio.
+func isGRPC(contentType []byte) bool {
+	return len(contentType) >= len(grpcContentType) && string(contentType[:len(grpcContentType)]) == grpcContentType
 }
+
 
 // responseFlagCodes are Envoy's response flag bits (StreamInfo::ResponseFlag) and their
 // short codes, in bit order, which is the order Envoy and Istio print them in.

@@ -53,10 +53,10 @@ func TestResponseFlags(t *testing.T) {
 }
 
 func TestRequestProtocol(t *testing.T) {
-	assert.Equal(t, "grpc", requestProtocol("application/grpc"))
-	assert.Equal(t, "grpc", requestProtocol("application/grpc+proto"))
-	assert.Equal(t, "http", requestProtocol("application/json"))
-	assert.Equal(t, "http", requestProtocol(""))
+	assert.True(t, isGRPC([]byte("application/grpc")))
+	assert.True(t, isGRPC([]byte("application/grpc+proto")))
+	assert.False(t, isGRPC([]byte("application/json")))
+	assert.False(t, isGRPC(nil))
 }
 
 func TestSetWorkloadLabels(t *testing.T) {

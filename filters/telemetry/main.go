@@ -33,7 +33,6 @@
 package main
 
 import (
-	"encoding/binary"
 	"errors"
 	"strconv"
 	"time"
@@ -96,11 +95,27 @@ type pluginContext struct {
 	mvals  []int64
 	mok    []bool
 
+	// scratch receives the properties and headers read on every request; strs interns
+	// the strings kept from them (see str) and flags the response_flags texts.
+	scratch []byte
+	strs    map[string]string
+	flags   map[uint64]string
+
+	// direction is the listener direction read at configuration time, as Istio does;
+	// 0 when the host had none then, and it is read per request instead.
+	direction int64
+
 	// durationFromHost is set once the host has provided request.duration, after which
 	// requests are not timed with the guest's clock.
 	durationFromHost bool
 	warnedDirection  bool
 }
+
+// Bounds of the per-plugin string caches: past them, values are allocated per request.
+const (
+	maxInterned  = 1024
+	maxFlagTexts = 64
+)
 
 func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	data, err := proxywasm.GetPluginConfiguration()
@@ -133,7 +148,78 @@ func (p *pluginContext) configure(data []byte) error {
 	p.mvals = make([]int64, len(pl.metrics))
 	p.mok = make([]bool, len(pl.metrics))
 	p.reg = newRegistry(pl, hostSink{})
+	p.strs = map[string]string{}
+	p.flags = map[uint64]string{}
+	p.direction, _ = p.intProperty(pathListenerDirection)
 	return nil
+}
+
+// Reading a property or header allocates its result in a Wasm guest, which costs more than
+// most of a request's work; so per-request reads go to a reused scratch buffer, values are
+// decoded from there, and the strings that labels keep are interned: a service, a
+// principal or a status code is the same string from one request to the next.
+
+// property reads a property into the scratch buffer; the bytes are valid until the next
+// read.
+func (p *pluginContext) property(path []string) ([]byte, bool) {
+	b, err := proxywasm.AppendProperty(p.scratch[:0], path)
+	p.scratch = b[:0]
+	return b, err == nil
+}
+
+func (p *pluginContext) intProperty(path []string) (int64, bool) {
+	b, ok := p.property(path)
+	if !ok {
+		return 0, false
+	}
+	v, ok := decodeProperty(typeInt, b)
+	return v.i, ok
+}
+
+// stringProperty returns a string property, "unknown" when absent or empty.
+func (p *pluginContext) stringProperty(path []string) string {
+	b, ok := p.property(path)
+	if !ok || len(b) == 0 {
+		return unknown
+	}
+	return p.str(b)
+}
+
+// header reads a request or response header into the scratch buffer.
+func (p *pluginContext) header(response bool, name string) ([]byte, bool) {
+	var b []byte
+	var err error
+	if response {
+		b, err = proxywasm.AppendHttpResponseHeader(p.scratch[:0], name)
+	} else {
+		b, err = proxywasm.AppendHttpRequestHeader(p.scratch[:0], name)
+	}
+	p.scratch = b[:0]
+	return b, err == nil
+}
+
+// str returns b as a string, the same one every time while the cache has room.
+func (p *pluginContext) str(b []byte) string {
+	if s, ok := p.strs[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(p.strs) < maxInterned {
+		p.strs[s] = s
+	}
+	return s
+}
+
+// flagsText is responseFlags with its texts kept.
+func (p *pluginContext) flagsText(bits uint64) string {
+	if s, ok := p.flags[bits]; ok {
+		return s
+	}
+	s := responseFlags(bits)
+	if len(p.flags) < maxFlagTexts {
+		p.flags[bits] = s
+	}
+	return s
 }
 
 func readProperty(path []string) ([]byte, bool) {
@@ -175,13 +261,15 @@ func (p *pluginContext) outbound() bool {
 	case reporterDest:
 		return false
 	}
-	if b, ok := readProperty(pathListenerDirection); ok && len(b) == 8 {
-		switch int64(binary.LittleEndian.Uint64(b)) {
-		case 1:
-			return false
-		case 2:
-			return true
-		}
+	dir := p.direction
+	if dir == 0 {
+		dir, _ = p.intProperty(pathListenerDirection)
+	}
+	switch dir {
+	case 1:
+		return false
+	case 2:
+		return true
 	}
 	if !p.warnedDirection {
 		p.warnedDirection = true
@@ -215,10 +303,9 @@ type httpContext struct {
 	authority  string
 	status     string
 	grpcStatus string
-	peerHeader string // the other side's x-envoy-peer-metadata
-
-	peer     *workload
-	peerDone bool
+	// peer is the other side's workload from its x-envoy-peer-metadata; nil when it sent
+	// none or something that does not decode.
+	peer *workload
 
 	// Body bytes seen, the size fallback when the host has no total_size.
 	reqBody, respBody int64
@@ -233,10 +320,12 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 		h.start = time.Now()
 	}
 	if u := &p.plan.usedLabels; u[lblDestinationService] || u[lblDestinationServiceName] || u[lblDestinationServiceNamespace] {
-		h.authority, _ = proxywasm.GetHttpRequestHeader(":authority")
+		if b, ok := p.header(false, ":authority"); ok {
+			h.authority = p.str(b)
+		}
 	}
-	ct, _ := proxywasm.GetHttpRequestHeader("content-type")
-	h.grpc = requestProtocol(ct) == protocolGRPC
+	ct, _ := p.header(false, "content-type")
+	h.grpc = isGRPC(ct)
 	h.capture(p.plan.requestHeaderSlots, proxywasm.GetHttpRequestHeader)
 
 	if h.outbound {
@@ -246,8 +335,8 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 		return types.ActionContinue
 	}
 	// Server side: take the client's identity and keep it from the application.
-	if v, err := proxywasm.GetHttpRequestHeader(headerPeerMetadata); err == nil {
-		h.peerHeader = v
+	if b, ok := p.header(false, headerPeerMetadata); ok {
+		h.setPeer(b)
 		logIfErr(proxywasm.RemoveHttpRequestHeader(headerPeerMetadata))
 	}
 	logIfErr(proxywasm.RemoveHttpRequestHeader(headerPeerID))
@@ -261,9 +350,13 @@ func (h *httpContext) OnHttpRequestBody(size int, _ bool) types.Action {
 
 func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	p := h.p
-	h.status, _ = proxywasm.GetHttpResponseHeader(":status")
+	if b, ok := p.header(true, ":status"); ok {
+		h.status = p.str(b)
+	}
 	if h.grpc {
-		h.grpcStatus, _ = proxywasm.GetHttpResponseHeader("grpc-status")
+		if b, ok := p.header(true, "grpc-status"); ok {
+			h.grpcStatus = p.str(b)
+		}
 	}
 	h.capture(p.plan.responseHeaderSlots, proxywasm.GetHttpResponseHeader)
 
@@ -273,8 +366,8 @@ func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 		return types.ActionContinue
 	}
 	// Client side: take the server's identity and keep it from the application.
-	if v, err := proxywasm.GetHttpResponseHeader(headerPeerMetadata); err == nil {
-		h.peerHeader = v
+	if b, ok := p.header(true, headerPeerMetadata); ok {
+		h.setPeer(b)
 		logIfErr(proxywasm.RemoveHttpResponseHeader(headerPeerMetadata))
 	}
 	logIfErr(proxywasm.RemoveHttpResponseHeader(headerPeerID))
@@ -326,7 +419,7 @@ func (h *httpContext) attr(slot int) (value, bool) {
 	var ok bool
 	switch a.src {
 	case srcProperty:
-		if b, found := readProperty(a.path); found {
+		if b, found := h.p.property(a.path); found {
 			v, ok = decodeProperty(a.typ, b)
 		}
 		if !ok {
@@ -359,23 +452,17 @@ func (h *httpContext) attr(slot int) (value, bool) {
 	return v, ok
 }
 
-// peerWorkload decodes the other side's metadata, once per request; nil if it sent
-// none or sent something that does not decode.
-func (h *httpContext) peerWorkload() *workload {
-	if h.peerDone {
-		return h.peer
-	}
-	h.peerDone = true
-	if h.peerHeader == "" {
-		return nil
-	}
-	w, err := h.p.peers.get(h.peerHeader)
+// setPeer decodes the other side's metadata header (through the plugin's cache).
+func (h *httpContext) setPeer(header []byte) {
+	w, err := h.p.peers.get(header)
 	if err != nil {
 		proxywasm.LogDebugf("telemetry: ignoring peer metadata: %v", err)
 	}
 	h.peer = w
-	return w
 }
+
+// peerWorkload is the other side's workload, nil if unknown.
+func (h *httpContext) peerWorkload() *workload { return h.peer }
 
 // report records the finished request.
 func (p *pluginContext) report(h *httpContext) {
@@ -399,13 +486,16 @@ func (p *pluginContext) report(h *httpContext) {
 		if h.outbound {
 			srcPath, dstPath = pathOutboundLocalSAN, pathOutboundPeerSAN
 		}
-		vals[lblSourcePrincipal] = stringProperty(srcPath)
-		vals[lblDestinationPrincipal] = stringProperty(dstPath)
+		vals[lblSourcePrincipal] = p.stringProperty(srcPath)
+		vals[lblDestinationPrincipal] = p.stringProperty(dstPath)
 	}
 
 	if used[lblDestinationService] || used[lblDestinationServiceName] || used[lblDestinationServiceNamespace] {
-		cluster, _ := readProperty(pathClusterName)
-		svc, name, ns := destinationService(string(cluster), h.authority, pl.useHostHeader)
+		var cluster string
+		if b, ok := p.property(pathClusterName); ok {
+			cluster = p.str(b)
+		}
+		svc, name, ns := destinationService(cluster, h.authority, pl.useHostHeader)
 		if ns == "" {
 			ns = vals[lblDestinationWorkloadNamespace]
 		}
@@ -418,7 +508,7 @@ func (p *pluginContext) report(h *httpContext) {
 	}
 
 	if used[lblResponseCode] {
-		code, ok := intProperty(pathResponseCode)
+		code, ok := p.intProperty(pathResponseCode)
 		if !ok {
 			code, _ = strconv.ParseInt(h.status, 10, 64) // 0 when the stream never got a response, as Istio
 		}
@@ -428,8 +518,8 @@ func (p *pluginContext) report(h *httpContext) {
 	if used[lblGrpcResponseStatus] {
 		vals[lblGrpcResponseStatus] = "" // Istio leaves it empty for plain HTTP
 		if h.grpc {
-			if n, ok := intProperty(pathGRPCStatus); ok {
-				vals[lblGrpcResponseStatus] = strconv.FormatInt(n, 10)
+			if n, ok := p.intProperty(pathGRPCStatus); ok {
+				vals[lblGrpcResponseStatus] = statusText(n, p.statuses)
 			} else if h.grpcStatus != "" {
 				vals[lblGrpcResponseStatus] = h.grpcStatus
 			} else {
@@ -439,14 +529,14 @@ func (p *pluginContext) report(h *httpContext) {
 	}
 
 	if used[lblResponseFlags] {
-		flags, _ := intProperty(pathResponseFlags)
-		vals[lblResponseFlags] = responseFlags(uint64(flags))
+		flags, _ := p.intProperty(pathResponseFlags)
+		vals[lblResponseFlags] = p.flagsText(uint64(flags))
 	}
 
 	if used[lblConnectionSecurityPolicy] {
 		vals[lblConnectionSecurityPolicy] = unknown // Istio: the client side cannot know
 		if !h.outbound {
-			if b, ok := readProperty(pathConnectionMTLS); ok && len(b) == 1 {
+			if b, ok := p.property(pathConnectionMTLS); ok && len(b) == 1 {
 				vals[lblConnectionSecurityPolicy] = policyNone
 				if b[0] != 0 {
 					vals[lblConnectionSecurityPolicy] = policyMutualTLS
@@ -479,11 +569,11 @@ func (p *pluginContext) report(h *httpContext) {
 		case valueDurationMs:
 			v, ok = durMs, durOK
 		case valueRequestBytes:
-			if v, ok = intProperty(pathRequestTotalSize); !ok {
+			if v, ok = p.intProperty(pathRequestTotalSize); !ok {
 				v, ok = h.reqBody, true
 			}
 		case valueResponseBytes:
-			if v, ok = intProperty(pathResponseTotalSize); !ok {
+			if v, ok = p.intProperty(pathResponseTotalSize); !ok {
 				v, ok = h.respBody, true
 			}
 		case valueExpr:
@@ -499,7 +589,7 @@ func (p *pluginContext) report(h *httpContext) {
 // durationMs is the request's duration: Envoy's request.duration, else the time since
 // the request headers on the guest's clock.
 func (p *pluginContext) durationMs(h *httpContext) (int64, bool) {
-	if ns, ok := intProperty(pathRequestDuration); ok {
+	if ns, ok := p.intProperty(pathRequestDuration); ok {
 		p.durationFromHost = true
 		return ns / int64(time.Millisecond), true
 	}
@@ -507,24 +597,6 @@ func (p *pluginContext) durationMs(h *httpContext) (int64, bool) {
 		return 0, false
 	}
 	return time.Since(h.start).Milliseconds(), true
-}
-
-func intProperty(path []string) (int64, bool) {
-	b, ok := readProperty(path)
-	if !ok {
-		return 0, false
-	}
-	v, ok := decodeProperty(typeInt, b)
-	return v.i, ok
-}
-
-// stringProperty returns a string property, "unknown" when absent or empty.
-func stringProperty(path []string) string {
-	b, ok := readProperty(path)
-	if !ok || len(b) == 0 {
-		return unknown
-	}
-	return string(b)
 }
 
 // hostSink is the metric API of the proxy-wasm host.

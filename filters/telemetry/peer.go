@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 )
 
 // Peer metadata exchange, Istio style. The client side puts its identity on the request in
@@ -398,12 +397,13 @@ func newPeerCache(max int) *peerCache {
 }
 
 // get returns the workload for header, nil if it does not decode (a peer that sends
-// garbage is reported like one that sends nothing). err says why, for logging.
-func (c *peerCache) get(header string) (w *workload, err error) {
-	if w, ok := c.m[header]; ok {
+// garbage is reported like one that sends nothing). err says why, for logging. header
+// may be reused by the caller afterwards.
+func (c *peerCache) get(header []byte) (w *workload, err error) {
+	if w, ok := c.m[string(header)]; ok {
 		return w, nil
 	}
-	id, err := decodePeerMetadata(header)
+	id, err := decodePeerMetadata(string(header))
 	if err == nil {
 		w = newWorkload(id)
 	}
@@ -411,7 +411,7 @@ func (c *peerCache) get(header string) (w *workload, err error) {
 		if len(c.m) >= c.max {
 			clear(c.m)
 		}
-		c.m[strings.Clone(header)] = w
+		c.m[string(header)] = w
 	}
 	return w, err
 }

@@ -1,5 +1,7 @@
 package main
 
+import "hash/maphash"
+
 // The registry turns a request's label values into metric ids. The ABI defines a metric
 // per full name, so every distinct label set is a metric of its own in the proxy; the
 // registry defines each once and keeps its id, keyed by the encoded tags.
@@ -8,6 +10,11 @@ package main
 // group and share one key, so a request encodes its labels once per group, not once per
 // metric. The key is built in a reused buffer and looked up without converting it to a
 // string, so a request whose label set is already known allocates nothing here.
+//
+// Encoding the tags of a request (some twenty values, several hundred bytes) and hashing
+// the result costs more than the rest of a request in a Wasm guest, so a group first looks
+// its label values up in a cache keyed by their hash (as Istio's plugin caches metric ids
+// per label set), and encodes them only for a label set it has not met yet.
 //
 // Cardinality is capped per group, which is per metric: a metric gets at most
 // max_label_sets_per_metric label sets. A request that would add one more is recorded
@@ -34,6 +41,16 @@ type group struct {
 	metrics []int     // indices into plan.metrics
 	tags    []tagPlan // identical for every metric of the group
 	sets    map[string][]uint32
+	// known caches the ids of label value lists seen before, by their hash; seen counts
+	// its entries, which stay under maxKnown.
+	known map[uint64][]knownSet
+	seen  int
+}
+
+// knownSet is a list of label values (one per tag of the group) and its metric ids.
+type knownSet struct {
+	values []string
+	ids    []uint32
 }
 
 type registry struct {
@@ -42,12 +59,18 @@ type registry struct {
 	groups   []group
 	overflow []uint32 // counter id per metric
 	buf      []byte
+	seed     maphash.Seed
+	maxKnown int
 }
 
 func newRegistry(pl *plan, sink metricSink) *registry {
-	r := &registry{pl: pl, sink: sink, groups: make([]group, len(pl.groups))}
+	// Different values can encode to the same tags (sanitized or cut), so the cache may
+	// hold more lists than the group has label sets, but not without bound.
+	r := &registry{pl: pl, sink: sink, groups: make([]group, len(pl.groups)), seed: maphash.MakeSeed(),
+		maxKnown: 2 * pl.maxLabelSets}
 	for g, ms := range pl.groups {
-		r.groups[g] = group{metrics: ms, tags: pl.metrics[ms[0]].tags, sets: map[string][]uint32{}}
+		r.groups[g] = group{metrics: ms, tags: pl.metrics[ms[0]].tags, sets: map[string][]uint32{},
+			known: map[uint64][]knownSet{}}
 	}
 	for i := range pl.metrics {
 		// Defined up front so the counter exists, at zero, before anything overflows.
@@ -81,6 +104,41 @@ func (r *registry) report(values []string, vals []int64, ok []bool) {
 // lookup returns the ids of the group's metrics for values, defining them the first time
 // the label set is seen; nil when the label set is new and the group is full.
 func (r *registry) lookup(gr *group, values []string) []uint32 {
+	var h maphash.Hash
+	h.SetSeed(r.seed)
+	for _, t := range gr.tags {
+		h.WriteString(values[t.index])
+		h.WriteByte(0)
+	}
+	sum := h.Sum64()
+	for _, k := range gr.known[sum] {
+		if sameValues(k.values, gr.tags, values) {
+			return k.ids
+		}
+	}
+	ids := r.lookupEncoded(gr, values)
+	if ids != nil && gr.seen < r.maxKnown {
+		vs := make([]string, len(gr.tags))
+		for i, t := range gr.tags {
+			vs[i] = values[t.index]
+		}
+		gr.known[sum] = append(gr.known[sum], knownSet{values: vs, ids: ids})
+		gr.seen++
+	}
+	return ids
+}
+
+func sameValues(known []string, tags []tagPlan, values []string) bool {
+	for i, t := range tags {
+		if known[i] != values[t.index] {
+			return false
+		}
+	}
+	return true
+}
+
+// lookupEncoded finds or defines the ids by the encoded tags.
+func (r *registry) lookupEncoded(gr *group, values []string) []uint32 {
 	r.buf = r.buf[:0]
 	for _, t := range gr.tags {
 		r.buf = appendTag(r.buf, t.name, values[t.index])

@@ -102,6 +102,12 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 			out = append(out, string(b)+"/"+errText(err))
 		}
 		h.set("x-queue", strings.Join(out, ","))
+	case "append":
+		b, err1 := proxywasm.AppendProperty([]byte("pre:"), []string{"request", "path"})
+		b, err2 := proxywasm.AppendProperty(b, []string{"no", "such"})
+		b, err3 := proxywasm.AppendHttpRequestHeader(append(b, '|'), "x-in")
+		b, err4 := proxywasm.AppendHttpRequestHeader(b, "x-missing")
+		h.set("x-append", string(b)+"/"+errText(err1)+","+errText(err2)+","+errText(err3)+","+errText(err4))
 	case "foreign":
 		b, err := proxywasm.CallForeignFunction("echo", []byte("ping"))
 		h.set("x-foreign", string(b)+"/"+errText(err))
@@ -134,6 +140,13 @@ func (h *httpContext) OnHttpRequestBody(size int, eos bool) types.Action {
 func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	for _, kv := range h.out {
 		_ = proxywasm.AddHttpResponseHeader(kv[0], kv[1])
+	}
+	if h.op == "append" {
+		b, err := proxywasm.AppendHttpResponseHeader([]byte("status:"), ":status")
+		h.set("x-append-response", string(b)+"/"+errText(err))
+		for _, kv := range h.out[len(h.out)-1:] {
+			_ = proxywasm.AddHttpResponseHeader(kv[0], kv[1])
+		}
 	}
 	if h.op == "retain" {
 		_ = proxywasm.AddHttpResponseHeader("x-retained", h.retained)
