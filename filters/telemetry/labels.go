@@ -199,7 +199,6 @@ func isGRPC(contentType []byte) bool {
 	return len(contentType) >= len(grpcContentType) && string(contentType[:len(grpcContentType)]) == grpcContentType
 }
 
-
 // responseFlagCodes are Envoy's response flag bits (StreamInfo::ResponseFlag) and their
 // short codes, in bit order, which is the order Envoy and Istio print them in.
 var responseFlagCodes = [...]string{
