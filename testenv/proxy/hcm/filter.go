@@ -2,6 +2,7 @@ package hcm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -146,7 +147,17 @@ type ListenerInfo struct {
 	Direction int
 	// StatPrefix is the listener's stats scope ("listener.127.0.0.1_8080").
 	StatPrefix string
+	// BufferLimit is the listener's per_connection_buffer_limit_bytes: how much body a
+	// filter may buffer (and the router keep for retries) per stream.
+	BufferLimit int
 }
+
+// DefaultBufferLimit is Envoy's default per_connection_buffer_limit_bytes (1 MiB).
+const DefaultBufferLimit = 1 << 20
+
+// ErrInterrupted is what a body reader returns after a filter answered the stream from a
+// body callback (Stream.Interrupt).
+var ErrInterrupted = errors.New("stream answered by a filter while the body was flowing")
 
 // Context is what filter factories and the connection manager are built with.
 type Context struct {
@@ -192,6 +203,9 @@ type Stream struct {
 	// StreamIdleTimeout is the connection manager's stream_idle_timeout (Envoy's default
 	// five minutes; 0 disables it); a route's idle_timeout overrides it.
 	StreamIdleTimeout time.Duration
+
+	interruptMu sync.Mutex
+	interrupt   func()
 
 	routes        *RouteHandle
 	route         *route.Route
@@ -289,6 +303,50 @@ func (s *Stream) SendLocalReplyGRPC(code int, body string, hdr http.Header, deta
 	}
 	s.Info.SetResponse(code, details)
 	return Stop
+}
+
+// BufferLimit is how much body a filter may buffer for this stream.
+func (s *Stream) BufferLimit() int {
+	if s.Listener.BufferLimit > 0 {
+		return s.Listener.BufferLimit
+	}
+	return DefaultBufferLimit
+}
+
+// Interrupt answers the stream locally from a body callback, which runs while the router
+// may already be sending the request upstream (Envoy's sendLocalReply from decodeData):
+// the reply is kept until the router (or the connection manager) applies it, and the body
+// reader that called Interrupt returns ErrInterrupted so the upstream request stops.
+func (s *Stream) Interrupt(code int, body string, hdr http.Header, details string, flag streaminfo.Flag, grpcStatus int) {
+	s.interruptMu.Lock()
+	defer s.interruptMu.Unlock()
+	if s.interrupt == nil {
+		s.interrupt = func() { s.SendLocalReplyGRPC(code, body, hdr, details, flag, grpcStatus) }
+	}
+}
+
+// Interrupted reports a pending Interrupt.
+func (s *Stream) Interrupted() bool {
+	s.interruptMu.Lock()
+	defer s.interruptMu.Unlock()
+	return s.interrupt != nil
+}
+
+// ApplyInterrupt makes a pending Interrupt the stream's response; it reports whether
+// there was one.
+func (s *Stream) ApplyInterrupt() bool {
+	s.interruptMu.Lock()
+	f := s.interrupt
+	s.interrupt = nil
+	s.interruptMu.Unlock()
+	if f == nil {
+		return false
+	}
+	if s.Response != nil && s.Response.Body != nil {
+		_ = s.Response.Body.Close()
+	}
+	f()
+	return true
 }
 
 // IsGRPC reports a gRPC request (content-type application/grpc...).

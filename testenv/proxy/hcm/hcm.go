@@ -326,6 +326,7 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 	}
+	s.ApplyInterrupt()
 	if s.Response == nil {
 		// No filter answered: the chain had no router, or a filter config is missing.
 		if s.Info.Snapshot().Flags&streaminfo.NoFilterConfigFound != 0 {

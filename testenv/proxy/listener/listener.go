@@ -169,7 +169,10 @@ func Build(d Deps, p *listenerv3.Listener, version string) (*Listener, error) {
 	if l.Direction == int(corev3.TrafficDirection_INBOUND) {
 		drainers = append(drainers, d.Inbound)
 	}
-	li := hcm.ListenerInfo{Name: p.GetName(), Direction: l.Direction, StatPrefix: prefix}
+	li := hcm.ListenerInfo{Name: p.GetName(), Direction: l.Direction, StatPrefix: prefix, BufferLimit: hcm.DefaultBufferLimit}
+	if v := p.GetPerConnectionBufferLimitBytes(); v != nil {
+		li.BufferLimit = int(v.GetValue())
+	}
 	for i, fc := range p.GetFilterChains() {
 		c, err := buildChain(d, li, drainers, fc)
 		if err != nil {

@@ -8,10 +8,6 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/proxy/streaminfo"
 )
 
-// defaultBufferLimit is Envoy's default per_connection_buffer_limit_bytes (1 MiB), the
-// limit of the request body the router keeps for retries and mirrors.
-const defaultBufferLimit = 1 << 20
-
 var (
 	errBodyAbandoned = errors.New("request body no longer buffered (over the retry/shadow buffer limit)")
 	errStaleAttempt  = errors.New("request body taken over by a newer attempt")

@@ -134,7 +134,7 @@ type policyKey struct{}
 
 func policyOf(rt *route.Route) *routePolicy {
 	return rt.Memo(policyKey{}, func() any {
-		p := &routePolicy{bufferLimit: defaultBufferLimit}
+		p := &routePolicy{}
 		a, vh := rt.Action, rt.VHost.Proto
 		rp := a.GetRetryPolicy()
 		if rp == nil {
@@ -152,9 +152,9 @@ func policyOf(rt *route.Route) *routePolicy {
 		p.attemptInReq = vh.GetIncludeRequestAttemptCount()
 		p.attemptInResp = vh.GetIncludeAttemptCountInResponse()
 		if l := rt.Proto.GetPerRequestBufferLimitBytes(); l != nil {
-			p.bufferLimit = min(p.bufferLimit, int(l.GetValue()))
+			p.bufferLimit = int(l.GetValue())
 		} else if l := vh.GetPerRequestBufferLimitBytes(); l != nil {
-			p.bufferLimit = min(p.bufferLimit, int(l.GetValue()))
+			p.bufferLimit = int(l.GetValue())
 		}
 		if t := a.GetIdleTimeout(); t != nil {
 			p.idle, p.idleSet = t.AsDuration(), true
@@ -260,7 +260,11 @@ func (fw *forwarder) run() hcm.Status {
 	targets := selectMirrors(fw.pol.mirrors, s.Request, fw.f.cfg.ctx.Clusters)
 	if b := s.Request.Body; b != nil && b != http.NoBody {
 		keep := fw.rs != nil || len(targets) > 0
-		fw.body = newRequestBody(b, s.Info, &fw.done, fw.touch, keep, fw.pol.bufferLimit, func() {
+		limit := s.BufferLimit()
+		if fw.pol.bufferLimit > 0 {
+			limit = min(limit, fw.pol.bufferLimit)
+		}
+		fw.body = newRequestBody(b, s.Info, &fw.done, fw.touch, keep, limit, func() {
 			// Envoy gives up retries and shadows when the body outgrows the buffer.
 			cl.Stats.RetryOrShadowAbandoned.Inc()
 			fw.rs.disable()
@@ -292,10 +296,7 @@ func (fw *forwarder) run() hcm.Status {
 		fw.attempts++
 		res = fw.attempt()
 		fw.report(res)
-		if res.fail == failDownstream {
-			break
-		}
-		if fw.rs == nil {
+		if res.fail == failDownstream || fw.rs == nil || s.Interrupted() {
 			break
 		}
 		would := fw.rs.wouldRetry(res) && (fw.body == nil || fw.body.replayable())
@@ -552,6 +553,9 @@ func (fw *forwarder) discard(res *attemptResult) {
 func (fw *forwarder) fail(res *attemptResult, flags streaminfo.Flag) hcm.Status {
 	s, cl := fw.s, fw.cl
 	defer fw.finish()
+	if s.ApplyInterrupt() {
+		return hcm.Stop
+	}
 	if res.fail == failDownstream {
 		s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
 		s.Response = &hcm.Response{Local: true}
@@ -622,6 +626,15 @@ func (fw *forwarder) fail(res *attemptResult, flags streaminfo.Flag) hcm.Status 
 // respond passes the upstream response on.
 func (fw *forwarder) respond(res *attemptResult, flags streaminfo.Flag) hcm.Status {
 	s, cl, resp := fw.s, fw.cl, res.resp
+	if s.Interrupted() {
+		// A filter answered from the request body while the upstream already answered.
+		_ = resp.Body.Close()
+		cl.Stats.RecordResponse(resp.StatusCode, time.Since(res.started))
+		fw.endAttempt(res)
+		fw.finish()
+		s.ApplyInterrupt()
+		return hcm.Stop
+	}
 	if flags != 0 {
 		s.Info.AddFlag(flags)
 	}

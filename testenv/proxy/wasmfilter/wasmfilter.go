@@ -491,17 +491,42 @@ func (f *filter) localReply(s *hcm.Stream, lr *host.LocalResponse) {
 
 func (f *filter) DecodeHeaders(s *hcm.Stream) hcm.Status {
 	h := requestHeaders(s.Request)
-	end := s.Request.Body == nil || s.Request.Body == http.NoBody
-	res := f.stream.OnRequestHeaders(s.Context(), h, end)
+	hasBody := s.Request.Body != nil && s.Request.Body != http.NoBody
+	res := f.stream.OnRequestHeaders(s.Context(), h, !hasBody)
 	if res.Skipped {
 		return hcm.Continue
 	}
-	if f.outcome(s, res) {
+	var src *chunkSource
+	var prefix []byte
+	if hasBody && res.Action == host.Pause && res.Failure == nil && res.LocalResponse == nil {
+		// Paused headers with a body on its way: the body keeps coming to the filter.
+		src = &chunkSource{r: s.Request.Body}
+		body, out := f.pausedWithBody(s, src, f.requestDir())
+		switch out {
+		case waitAnswered:
+			if s.Response == nil {
+				s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
+				s.Response = &hcm.Response{Local: true}
+			}
+			return hcm.Stop
+		case waitTooLarge:
+			f.tooLarge(s, f.requestDir(), false)
+			return hcm.Stop
+		}
+		prefix = body
+	} else if f.outcome(s, res) {
 		return hcm.Stop
 	}
 	if !f.gone {
 		applyRequestHeaders(s.Request, f.stream.RequestHeaders())
 		s.ClearRouteCache()
+	}
+	if hasBody {
+		if src == nil {
+			src = &chunkSource{r: s.Request.Body}
+		}
+		s.Request.Body = &bodyFilter{f: f, s: s, src: src, dir: f.requestDir(), closer: s.Request.Body,
+			pending: prefix, done: src.ended}
 	}
 	return hcm.Continue
 }
@@ -522,19 +547,60 @@ func (f *filter) EncodeHeaders(s *hcm.Stream) hcm.Status {
 			h.Add(k, v)
 		}
 	}
-	res := f.stream.OnResponseHeaders(s.Context(), h, s.Response.Body == nil)
+	upstreamBody := s.Response.Body
+	res := f.stream.OnResponseHeaders(s.Context(), h, upstreamBody == nil)
 	if res.Skipped {
 		return hcm.Continue
 	}
+	replaced := func() bool {
+		if s.Response.Body != upstreamBody && upstreamBody != nil {
+			_ = upstreamBody.Close()
+			return true
+		}
+		return false
+	}
 	if res.LocalResponse != nil {
-		if s.Response.Body != nil {
-			_ = s.Response.Body.Close()
+		if upstreamBody != nil {
+			_ = upstreamBody.Close()
 		}
 		f.localReply(s, res.LocalResponse)
 		return hcm.Continue
 	}
-	if res.Failure != nil && res.LocalResponse == nil {
+	if res.Failure != nil {
+		f.cfg.failures.Inc()
 		f.gone = true
+		return hcm.Continue
+	}
+	var src *chunkSource
+	var prefix []byte
+	if res.Action == host.Pause {
+		if upstreamBody != nil {
+			src = &chunkSource{r: upstreamBody}
+			body, out := f.pausedWithBody(s, src, f.responseDir())
+			switch out {
+			case waitAnswered:
+				replaced()
+				if s.Response.Body == upstreamBody && upstreamBody != nil {
+					// The downstream went away.
+					_ = upstreamBody.Close()
+					s.Response = &hcm.Response{Local: true}
+				}
+				return hcm.Continue
+			case waitTooLarge:
+				_ = upstreamBody.Close()
+				f.tooLarge(s, f.responseDir(), false)
+				return hcm.Continue
+			}
+			prefix = body
+		} else if f.outcome(s, host.Result{Action: host.Pause}) {
+			replaced()
+			return hcm.Continue
+		}
+	}
+	if f.gone {
+		if prefix != nil {
+			s.Response.Body = &bodyFilter{f: f, s: s, src: src, dir: f.responseDir(), closer: upstreamBody, pending: prefix, done: src.ended}
+		}
 		return hcm.Continue
 	}
 	out := http.Header{}
@@ -545,7 +611,46 @@ func (f *filter) EncodeHeaders(s *hcm.Stream) hcm.Status {
 		out.Add(kv[0], kv[1])
 	}
 	s.Response.Header = out
+	if upstreamBody != nil {
+		if src == nil {
+			src = &chunkSource{r: upstreamBody}
+		}
+		trailers := s.Response.Trailer
+		bf := &bodyFilter{f: f, s: s, src: src, dir: f.responseDir(), closer: upstreamBody, pending: prefix, done: src.ended}
+		if trailers != nil {
+			bf.atEnd = func() bool { return len(trailers()) > 0 }
+			s.Response.Trailer = func() http.Header { return f.responseTrailers(s, trailers()) }
+		}
+		s.Response.Body = bf
+	}
 	return hcm.Continue
+}
+
+// responseTrailers passes the response trailers through proxy_on_response_trailers.
+func (f *filter) responseTrailers(s *hcm.Stream, tr http.Header) http.Header {
+	if len(tr) == 0 || f.gone {
+		return tr
+	}
+	h := host.NewHeaders()
+	keys := make([]string, 0, len(tr))
+	for k := range tr {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		for _, v := range tr[k] {
+			h.Add(strings.ToLower(k), v)
+		}
+	}
+	res := f.stream.OnResponseTrailers(s.Context(), h)
+	if res.Skipped || res.Failure != nil {
+		return tr
+	}
+	out := http.Header{}
+	for _, kv := range f.stream.ResponseTrailers().Pairs() {
+		out.Add(kv[0], kv[1])
+	}
+	return out
 }
 
 // Log runs proxy_on_log, proxy_on_done and proxy_on_delete with the final stream info.
