@@ -28,6 +28,8 @@ const (
 	VirtualInboundListener  = "virtualInbound"
 	VirtualOutboundPort     = 15001
 	VirtualInboundPort      = 15006
+	// AdminPort is the proxy's admin API, on the pod's localhost (docs/contracts.md).
+	AdminPort = 15000
 )
 
 // Direction is which way a listener's traffic flows; filters and telemetry key on it.
@@ -46,8 +48,17 @@ func Listeners(v *View) *Resources {
 	return v.cached(ListenerType, func() *Resources {
 		var items []*Resource
 		if v.Proxy.InterceptionMode == model.InterceptionNone {
+			// The pod's localhost also carries the application's own ports and the proxy's
+			// admin port; an outbound listener there would fail to bind (and the proxy would
+			// reject the whole LDS update), so those ports get none.
+			taken := map[uint32]bool{AdminPort: true}
+			for _, in := range v.Inbounds {
+				taken[in.Port] = true
+			}
 			for _, op := range outboundPorts(v.Snapshot) {
-				items = append(items, newResource(outboundListener(v, op, v.Proxy.Localhost, true)))
+				if !taken[op.Port] {
+					items = append(items, newResource(outboundListener(v, op, v.Proxy.Localhost, true)))
+				}
 			}
 			for _, in := range v.Inbounds {
 				items = append(items, newResource(inboundListener(v, in)))
