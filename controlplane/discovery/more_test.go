@@ -2,15 +2,19 @@ package discovery_test
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/wasmesh/wasmesh/controlplane/adsc"
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
@@ -91,4 +95,38 @@ func TestDisconnectedProxyLeavesAfterGracePeriod(t *testing.T) {
 	for _, r := range fe.Responses()[len(fe.Responses())-1:] {
 		assert.Equal(t, adsc.EndpointType, r.TypeURL, "removal is an endpoints-only push")
 	}
+}
+
+func TestAgentHealthReportsGateEndpoints(t *testing.T) {
+	e := start(t, map[string]string{"services.yaml": services}, nil)
+	fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")})
+	beNode := node(t, "backend-1", "backend", "127.10.0.2", "127.20.0.2")
+	beNode.Metadata.Fields["WASMESH_HEALTH_CHECKED"] = structpb.NewStringValue("true")
+	e.connect(adsc.Config{Node: beNode})
+
+	healthOf := func(c *adsc.Client) string {
+		var cla endpoint.ClusterLoadAssignment
+		if !c.Resource(adsc.EndpointType, backendCluster, &cla) || len(cla.GetEndpoints()) == 0 || len(cla.GetEndpoints()[0].GetLbEndpoints()) == 0 {
+			return ""
+		}
+		return cla.GetEndpoints()[0].GetLbEndpoints()[0].GetHealthStatus().String()
+	}
+	// Registered, but unhealthy until the agent reports.
+	wait(t, fe, func(c *adsc.Client) bool { return healthOf(c) == "UNHEALTHY" })
+
+	// The agent's own stream: health requests, never an answer, never a proxy connection.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hs, err := discoverypb.NewAggregatedDiscoveryServiceClient(e.cc).StreamAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, hs.Send(&discoverypb.DiscoveryRequest{Node: beNode, TypeUrl: "istio.io/health"}))
+	wait(t, fe, func(c *adsc.Client) bool { return healthOf(c) == "HEALTHY" })
+	require.NoError(t, hs.Send(&discoverypb.DiscoveryRequest{TypeUrl: "istio.io/health", ErrorDetail: &statuspb.Status{Code: 14, Message: "draining"}}))
+	wait(t, fe, func(c *adsc.Client) bool { return healthOf(c) == "UNHEALTHY" })
+	assert.Len(t, e.d.Server.Connections(), 2, "the health stream is not a proxy")
+
+	// Nothing was sent on the health stream: closing it ends it cleanly without a response.
+	require.NoError(t, hs.CloseSend())
+	_, err = hs.Recv()
+	assert.ErrorIs(t, err, io.EOF)
 }

@@ -47,7 +47,10 @@ type Proxy struct {
 	IstioVersion     string
 	ClusterID        string
 	Generator        string
-	Locality         *core.Locality
+	// HealthChecked: the agent reports this workload's health over an istio.io/health
+	// stream (WASMESH_HEALTH_CHECKED), so it starts unhealthy until a report says otherwise.
+	HealthChecked bool
+	Locality      *core.Locality
 	Metadata         *structpb.Struct
 }
 
@@ -101,6 +104,7 @@ func ParseNode(node *core.Node) (*Proxy, error) {
 	p.IstioVersion = str("ISTIO_VERSION")
 	p.ClusterID = str("CLUSTER_ID")
 	p.Generator = str("GENERATOR")
+	p.HealthChecked = str("WASMESH_HEALTH_CHECKED") == "true"
 	p.InterceptionMode = InterceptionRedirect
 	if v := str("INTERCEPTION_MODE"); v != "" {
 		switch InterceptionMode(strings.ToUpper(v)) {
@@ -153,6 +157,7 @@ type Workload struct {
 	ServiceAccount string
 	Ports          map[string]uint32 // named ports (POD_PORTS) override service target ports
 	Locality       string
+	Health         Health
 }
 
 // Key names the workload in its registry.
@@ -160,7 +165,7 @@ func (w *Workload) Key() string { return w.Namespace + "/" + w.Name }
 
 // Equal compares two workloads.
 func (w *Workload) Equal(o *Workload) bool {
-	if w.Name != o.Name || w.Namespace != o.Namespace || w.ServiceAccount != o.ServiceAccount ||
+	if w.Name != o.Name || w.Namespace != o.Namespace || w.ServiceAccount != o.ServiceAccount || w.Health != o.Health ||
 		w.Locality != o.Locality || !stringsEqual(w.IPs, o.IPs) || !labelsEqual(w.Labels, o.Labels) || len(w.Ports) != len(o.Ports) {
 		return false
 	}

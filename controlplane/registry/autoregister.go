@@ -22,26 +22,39 @@ type AutoRegistration struct {
 	log     *slog.Logger
 	metrics *metrics.Metrics
 
-	mu     sync.Mutex
-	conns  map[string]int      // open connections per workload key
-	timers map[string]*removal // pending removals
-	closed bool
+	mu      sync.Mutex
+	conns   map[string]int             // open connections per workload key
+	timers  map[string]*removal        // pending removals
+	current map[string]*model.Workload // registered workloads, with their health
+	health  map[string]model.Health    // last health reported by each workload's agent
+	closed  bool
 }
 
 // NewAutoRegistration registers into reg.
 func NewAutoRegistration(reg *ServiceEntries, grace time.Duration, log *slog.Logger, m *metrics.Metrics) *AutoRegistration {
 	return &AutoRegistration{reg: reg, grace: grace, log: log.With("scope", "autoregistration"), metrics: m,
-		conns: map[string]int{}, timers: map[string]*removal{}}
+		conns: map[string]int{}, timers: map[string]*removal{}, current: map[string]*model.Workload{}, health: map[string]model.Health{}}
 }
 
-// Connect registers (or refreshes) a workload for a new connection.
-func (a *AutoRegistration) Connect(w *model.Workload) {
+// Connect registers (or refreshes) a workload for a new connection. Its health is the last
+// one its agent reported; without a report it is unhealthy when healthChecked (the agent
+// will report), healthy otherwise.
+func (a *AutoRegistration) Connect(w *model.Workload, healthChecked bool) {
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
 		return
 	}
 	key := w.Key()
+	reg := *w
+	reg.Health = model.Healthy
+	if h, ok := a.health[key]; ok {
+		reg.Health = h
+	} else if healthChecked {
+		reg.Health = model.Unhealthy
+	}
+	w = &reg
+	a.current[key] = w
 	a.conns[key]++
 	if t := a.timers[key]; t != nil {
 		t.timer.Stop()
@@ -85,10 +98,39 @@ func (a *AutoRegistration) expire(w *model.Workload, t *removal) {
 		return
 	}
 	delete(a.timers, key)
+	delete(a.current, key)
+	delete(a.health, key)
 	a.mu.Unlock()
 	a.log.Info("workload unregistered after grace period", "workload", key)
 	a.metrics.AutoUnregistrations.Inc()
 	a.reg.DeleteWorkload(w.Namespace, w.Name)
+}
+
+// SetHealth records a health report from a workload's agent; a registered workload's
+// endpoints change health (an endpoints-only push).
+func (a *AutoRegistration) SetHealth(namespace, name string, healthy bool, reason string) {
+	key := namespace + "/" + name
+	h := model.Healthy
+	if !healthy {
+		h = model.Unhealthy
+	}
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.health[key] = h
+	w := a.current[key]
+	if w == nil || w.Health == h {
+		a.mu.Unlock()
+		return
+	}
+	upd := *w
+	upd.Health = h
+	a.current[key] = &upd
+	a.mu.Unlock()
+	a.log.Info("workload health", "workload", key, "healthy", healthy, "reason", reason)
+	a.reg.SetWorkload(&upd)
 }
 
 // Close stops pending removals (the registry is being shut down).

@@ -109,7 +109,7 @@ func TestAutoRegistrationIsEndpointsOnlyAndHonoursGracePeriod(t *testing.T) {
 	a := NewAutoRegistration(r, time.Hour, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
 	defer a.Close()
 	w := &model.Workload{Name: "reviews-1", Namespace: "shop", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.1"}, Ports: map[string]uint32{"http": 8081}}
-	a.Connect(w)
+	a.Connect(w, false)
 	evs := rec.all()
 	require.Len(t, evs, 2)
 	assert.False(t, evs[1].Full)
@@ -118,13 +118,13 @@ func TestAutoRegistrationIsEndpointsOnlyAndHonoursGracePeriod(t *testing.T) {
 		addrs(r.Endpoints("reviews.shop.svc.cluster.local")))
 
 	// A workload in another namespace or with other labels is not selected.
-	a.Connect(&model.Workload{Name: "x", Namespace: "other", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.2"}})
-	a.Connect(&model.Workload{Name: "y", Namespace: "shop", Labels: map[string]string{"app": "ratings"}, IPs: []string{"127.10.0.3"}})
+	a.Connect(&model.Workload{Name: "x", Namespace: "other", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.2"}}, false)
+	a.Connect(&model.Workload{Name: "y", Namespace: "shop", Labels: map[string]string{"app": "ratings"}, IPs: []string{"127.10.0.3"}}, false)
 	assert.Len(t, rec.all(), 2)
 
 	// Disconnect and reconnect within the grace period: still registered, removal cancelled.
 	a.Disconnect(w)
-	a.Connect(w)
+	a.Connect(w, false)
 	a.mu.Lock()
 	assert.Empty(t, a.timers)
 	a.mu.Unlock()
@@ -159,4 +159,40 @@ spec:
 	}
 	assert.Equal(t, []string{"api.example.com/shop", "db.example.com/x", "reviews.shop.svc.cluster.local/shop"}, hosts)
 	assert.Equal(t, []string{"10.1.1.1:5432@5432"}, addrs(agg.Endpoints("db.example.com")))
+}
+
+func TestHealthReportsDriveEndpointHealth(t *testing.T) {
+	r, rec, m := newRegistry(t)
+	r.SetConfigs(parse(t, entries))
+	a := NewAutoRegistration(r, time.Hour, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
+	defer a.Close()
+	health := func(ip string) model.Health {
+		for _, e := range r.Endpoints("reviews.shop.svc.cluster.local") {
+			if e.Address == ip {
+				return e.Health
+			}
+		}
+		t.Fatalf("no endpoint %s", ip)
+		return 0
+	}
+	// A health-checked proxy starts unhealthy until its agent reports.
+	a.Connect(&model.Workload{Name: "r1", Namespace: "shop", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.1"}}, true)
+	assert.Equal(t, model.Unhealthy, health("127.10.0.1"))
+	n := len(rec.all())
+	a.SetHealth("shop", "r1", true, "")
+	assert.Equal(t, model.Healthy, health("127.10.0.1"))
+	require.Len(t, rec.all(), n+1)
+	assert.False(t, rec.all()[n].Full, "a health change is an endpoints-only change")
+	a.SetHealth("shop", "r1", true, "") // no change, no event
+	assert.Len(t, rec.all(), n+1)
+	a.SetHealth("shop", "r1", false, "draining")
+	assert.Equal(t, model.Unhealthy, health("127.10.0.1"))
+
+	// A report that arrives before the proxy connects is kept for it.
+	a.SetHealth("shop", "r2", true, "")
+	a.Connect(&model.Workload{Name: "r2", Namespace: "shop", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.2"}}, true)
+	assert.Equal(t, model.Healthy, health("127.10.0.2"))
+	// Without the metadata a proxy is healthy at once.
+	a.Connect(&model.Workload{Name: "r3", Namespace: "shop", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.3"}}, false)
+	assert.Equal(t, model.Healthy, health("127.10.0.3"))
 }

@@ -303,11 +303,11 @@ func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.En
 	}
 	ports := e.services[0].Ports
 	var eps []*model.Endpoint
-	add := func(addr string, named map[string]uint32, labels map[string]string, locality, network, sa string, weight uint32, workload string) {
+	add := func(addr string, named map[string]uint32, labels map[string]string, locality, network, sa string, weight uint32, workload string, health model.Health) {
 		for _, p := range ports {
 			eps = append(eps, &model.Endpoint{
 				Address: addr, Port: endpointPort(p, named), ServicePort: p.Port, Labels: labels, Locality: locality,
-				Network: network, ServiceAccount: sa, Weight: weight, Health: model.Healthy, Workload: workload, Namespace: e.cfg.Namespace,
+				Network: network, ServiceAccount: sa, Weight: weight, Health: health, Workload: workload, Namespace: e.cfg.Namespace,
 			})
 		}
 	}
@@ -315,7 +315,7 @@ func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.En
 	case len(e.spec.GetEndpoints()) > 0:
 		for i, we := range e.spec.GetEndpoints() {
 			add(we.GetAddress(), we.GetPorts(), we.GetLabels(), we.GetLocality(), we.GetNetwork(), we.GetServiceAccount(), we.GetWeight(),
-				fmt.Sprintf("ServiceEntry %s/%s endpoints[%d]", e.cfg.Namespace, e.cfg.Name, i))
+				fmt.Sprintf("ServiceEntry %s/%s endpoints[%d]", e.cfg.Namespace, e.cfg.Name, i), model.Healthy)
 		}
 	case e.spec.GetWorkloadSelector() != nil:
 		sel := e.spec.GetWorkloadSelector().GetLabels()
@@ -323,12 +323,12 @@ func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.En
 			we := c.Spec.(*networking.WorkloadEntry)
 			if config.SelectorMatches(sel, we.GetLabels()) {
 				add(we.GetAddress(), we.GetPorts(), we.GetLabels(), we.GetLocality(), we.GetNetwork(), we.GetServiceAccount(), we.GetWeight(),
-					"WorkloadEntry "+c.Namespace+"/"+c.Name)
+					"WorkloadEntry "+c.Namespace+"/"+c.Name, model.Healthy)
 			}
 		}
 		for _, w := range r.workloads[e.cfg.Namespace] {
 			if config.SelectorMatches(sel, w.Labels) && len(w.IPs) > 0 {
-				add(w.IPs[0], w.Ports, w.Labels, w.Locality, "", w.ServiceAccount, 0, "proxy "+w.Key())
+				add(w.IPs[0], w.Ports, w.Labels, w.Locality, "", w.ServiceAccount, 0, "proxy "+w.Key(), w.Health)
 			}
 		}
 	case e.spec.GetResolution() == networking.ServiceEntry_DNS || e.spec.GetResolution() == networking.ServiceEntry_DNS_ROUND_ROBIN:

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -268,6 +269,13 @@ func (c *Connection) observeConvergence(ev *pushEvent) {
 	}
 }
 
+// request is what serve reads of a request of either variant.
+type request interface {
+	GetNode() *core.Node
+	GetTypeUrl() string
+	GetErrorDetail() *statuspb.Status
+}
+
 // stream is what serve needs of an ADS stream of either variant.
 type stream[Req any] interface {
 	Context() context.Context
@@ -277,7 +285,7 @@ type stream[Req any] interface {
 // serve runs one ADS stream: the first request identifies and admits the proxy, then
 // requests (read by their own goroutine, as a blocking Recv cannot be selected on) and pushes
 // are handled one at a time until the stream or the server ends.
-func serve[Req any](s *Server, st stream[Req], delta bool, node func(Req) *core.Node,
+func serve[Req request](s *Server, st stream[Req], delta bool,
 	onRequest func(*Connection, Req) error, onPush func(*Connection, *pushEvent) error) error {
 	first, err := st.Recv()
 	if err != nil {
@@ -286,7 +294,10 @@ func serve[Req any](s *Server, st stream[Req], delta bool, node func(Req) *core.
 		}
 		return err
 	}
-	c, err := s.newConnection(st.Context(), node(first), delta)
+	if first.GetTypeUrl() == HealthType {
+		return s.serveHealth(first.GetNode(), first, func() (healthReport, error) { return st.Recv() })
+	}
+	c, err := s.newConnection(st.Context(), first.GetNode(), delta)
 	if err != nil {
 		return err
 	}
@@ -331,6 +342,41 @@ func serve[Req any](s *Server, st stream[Req], delta bool, node func(Req) *core.
 			return err
 		case <-s.stop:
 			return nil
+		}
+	}
+}
+
+// HealthType is the type of the requests an agent reports its workload's health with
+// (Istio's HealthInfoType; docs/contracts.md, "Workload health").
+const HealthType = "istio.io/health"
+
+// healthReport is a health request of either variant.
+type healthReport interface {
+	GetTypeUrl() string
+	GetErrorDetail() *statuspb.Status
+}
+
+// serveHealth reads an agent's health reports: no error detail means healthy. The stream
+// gets no responses and is not a proxy connection.
+func (s *Server) serveHealth(node *core.Node, first healthReport, recv func() (healthReport, error)) error {
+	p, err := model.ParseNode(node)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	w, ok := p.Workload()
+	if !ok || s.deps.AutoRegistration == nil {
+		return status.Error(codes.InvalidArgument, "health reports need workload metadata (NAME, NAMESPACE, LABELS, INSTANCE_IPS)")
+	}
+	for r := first; ; {
+		if r.GetTypeUrl() == HealthType {
+			s.deps.AutoRegistration.SetHealth(w.Namespace, w.Name, r.GetErrorDetail() == nil, r.GetErrorDetail().GetMessage())
+		}
+		r, err = recv()
+		if err != nil {
+			if isClosed(err) {
+				return nil
+			}
+			return err
 		}
 	}
 }

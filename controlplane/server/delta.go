@@ -13,7 +13,7 @@ import (
 // DeltaAggregatedResources serves incremental (delta) ADS: only changed resources and the
 // names of removed ones are sent.
 func (s *Server) DeltaAggregatedResources(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	return serve(s, stream, true, (*discovery.DeltaDiscoveryRequest).GetNode,
+	return serve(s, stream, true,
 		func(c *Connection, r *discovery.DeltaDiscoveryRequest) error { return c.onDeltaRequest(stream, r) },
 		func(c *Connection, ev *pushEvent) error { return c.pushDelta(stream, ev) })
 }

@@ -314,7 +314,7 @@ func (s *Server) addConnection(c *Connection) {
 	s.metrics.XDSClients.WithLabelValues(c.Proxy.IstioVersion).Inc()
 	s.log.Info("proxy connected", "conn", c.ID, "delta", c.delta, "connections", n)
 	if c.workload != nil && s.deps.AutoRegistration != nil {
-		s.deps.AutoRegistration.Connect(c.workload)
+		s.deps.AutoRegistration.Connect(c.workload, c.Proxy.HealthChecked)
 	}
 }
 

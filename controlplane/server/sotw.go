@@ -11,7 +11,7 @@ import (
 
 // StreamAggregatedResources serves State of the World ADS.
 func (s *Server) StreamAggregatedResources(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	return serve(s, stream, false, (*discovery.DiscoveryRequest).GetNode,
+	return serve(s, stream, false,
 		func(c *Connection, r *discovery.DiscoveryRequest) error { return c.onSotwRequest(stream, r) },
 		func(c *Connection, ev *pushEvent) error { return c.pushSotw(stream, ev) })
 }
