@@ -51,7 +51,7 @@ type Proxy struct {
 	// stream (WASMESH_HEALTH_CHECKED), so it starts unhealthy until a report says otherwise.
 	HealthChecked bool
 	Locality      *core.Locality
-	Metadata         *structpb.Struct
+	Metadata      *structpb.Struct
 }
 
 // IP returns the proxy's primary address.
