@@ -27,11 +27,23 @@ var guest = struct {
 	// depth counts the callbacks on the stack; when the outermost returns, no host call
 	// is in progress and leftover host allocations can be dropped.
 	depth int
+	// slots are the result slots of the host calls in progress, by nesting level (see
+	// hostResult); calls counts the levels in use.
+	slots [8][3]uint32
+	calls int
+	// paths caches encoded property paths (see encodePath).
+	paths [16]cachedPath
 }{vm: vmstate.New(effectiveContextHost{}), mem: hostmem.NewArena(arenaSize)}
 
 // arenaSize holds the results of the host calls in progress (usually one at a time: a
 // header value, a property); larger results go to the Go heap.
 const arenaSize = 16 << 10
+
+// cachedPath is a property path (its segments) and its encoding.
+type cachedPath struct {
+	path []string
+	raw  []byte
+}
 
 type effectiveContextHost struct{}
 
@@ -51,6 +63,7 @@ func leave(previous uint32) {
 	guest.depth--
 	if guest.depth == 0 {
 		guest.mem.Reset()
+		guest.calls = 0
 	}
 }
 
@@ -192,7 +205,8 @@ func proxyOnUpstreamConnectionClose(contextID, peerType uint32) {
 
 // hostResult collects a buffer the host returns through proxy_on_memory_allocate. Its
 // slots (where the host writes the buffer's address and size, and a CAS for shared data)
-// live on the arena, so a host call allocates nothing on the Go heap. Use:
+// are fixed per nesting level of host calls, and the buffer comes from the arena, so a
+// host call allocates nothing on the Go heap. Use:
 //
 //	var r hostResult
 //	r.begin()
@@ -200,13 +214,19 @@ func proxyOnUpstreamConnectionClose(contextID, peerType uint32) {
 //	st := hostGetX(..., r.ptr(), r.size())
 //	b, err := r.view(st) // valid until r.end(): copy what outlives it
 type hostResult struct {
-	slots []uint32
+	slots *[3]uint32
 	mark  hostmem.ArenaMark
 }
 
 func (r *hostResult) begin() {
 	r.mark = guest.mem.Mark()
-	r.slots = guest.mem.Slots(3)
+	if guest.calls < len(guest.slots) {
+		r.slots = &guest.slots[guest.calls]
+		*r.slots = [3]uint32{}
+	} else {
+		r.slots = new([3]uint32) // deeper than any real nesting: the heap will do
+	}
+	guest.calls++
 }
 
 func (r *hostResult) ptr() *uint32  { return &r.slots[0] }
@@ -215,14 +235,17 @@ func (r *hostResult) cas() *uint32  { return &r.slots[2] }
 
 // end releases the result and whatever else the host allocated during the call (it may
 // have allocated and then failed).
-func (r *hostResult) end() { guest.mem.Release(r.mark) }
+func (r *hostResult) end() {
+	guest.calls--
+	guest.mem.Release(r.mark)
+}
 
 // view returns the buffer the host wrote, valid until end. A zero pointer with an OK
 // status comes back as a nil slice and no error; callers that need the SDK's "nil means
 // not found" apply it.
 func (r *hostResult) view(status uint32) ([]byte, error) {
-	if err := abi.StatusError(status); err != nil {
-		return nil, err
+	if status != abi.StatusOK {
+		return nil, abi.StatusError(status)
 	}
 	if r.slots[0] == 0 {
 		return nil, nil

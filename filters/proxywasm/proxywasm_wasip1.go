@@ -386,13 +386,40 @@ func GetProperty(path []string) ([]byte, error) {
 	return r.owned(st)
 }
 
-// encodePath encodes path on the arena (see abi.EncodePath).
+// encodePath returns path encoded (see abi.EncodePath), from a small cache of recent
+// paths: filters read the same few properties on every request, and encoding in the guest
+// costs more than the host call itself. The cache holds copies of the segment strings'
+// headers, not the caller's slice, so a path built in place does not escape.
 func encodePath(path []string) []byte {
-	size := 0
-	for _, p := range path {
-		size += len(p) + 1
+	if len(path) == 0 {
+		return nil
 	}
-	return abi.AppendPath(scratch(size)[:0], path)
+	last := path[len(path)-1]
+	slot := len(path)*31 + len(last)*7
+	if len(last) > 0 {
+		slot += int(last[0])
+	}
+	e := &guest.paths[slot%len(guest.paths)]
+	if samePath(e.path, path) {
+		return e.raw
+	}
+	e.path = append(e.path[:0], path...)
+	e.raw = abi.EncodePath(path)
+	return e.raw
+}
+
+// samePath reports whether a and b hold equal segments (the same strings usually, which
+// compare by pointer).
+func samePath(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // AppendProperty appends the value of the host property at path to dst and returns the

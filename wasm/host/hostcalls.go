@@ -155,15 +155,34 @@ func (vc *vmCall) proxySetTickPeriod(ctx context.Context, s []uint64) Status {
 // ---- properties ----
 
 func (vc *vmCall) proxyGetProperty(ctx context.Context, s []uint64) Status {
-	path, ok := readBytes(vc.mem(), u32(s, 0), u32(s, 1))
+	raw, ok := view(vc.mem(), u32(s, 0), u32(s, 1))
 	if !ok {
 		return StatusInvalidMemoryAccess
 	}
-	v, st := vc.getProperty(SplitPath(path))
+	// The path's segments are interned strings, so reading a property allocates nothing
+	// on the host but the value itself.
+	path := vc.vm.splitPath(raw)
+	v, state, st := vc.resolveProperty(path)
 	if st != StatusOK {
 		return st
 	}
-	return vc.copyOut(ctx, v, u32(s, 2), u32(s, 3))
+	ptrPtr, sizePtr := u32(s, 2), u32(s, 3)
+	if state != nil {
+		return vc.copyOut(ctx, state, ptrPtr, sizePtr)
+	}
+	switch x := v.(type) {
+	case string:
+		return vc.copyOutString(ctx, x, ptrPtr, sizePtr)
+	case int64:
+		return vc.copyOutU64(ctx, uint64(x), ptrPtr, sizePtr)
+	case time.Duration:
+		return vc.copyOutU64(ctx, uint64(x), ptrPtr, sizePtr)
+	}
+	b, st := SerializeProperty(v)
+	if st != StatusOK {
+		return st
+	}
+	return vc.copyOut(ctx, b, ptrPtr, sizePtr)
 }
 
 // proxySetProperty stores a value in the stream's filter state; like Envoy it needs a
@@ -427,11 +446,11 @@ func (vc *vmCall) proxyGetHeaderMapValue(ctx context.Context, s []uint64) Status
 	if st != StatusOK {
 		return st
 	}
-	key, ok := readString(vc.mem(), u32(s, 1), u32(s, 2))
+	raw, ok := view(vc.mem(), u32(s, 1), u32(s, 2))
 	if !ok {
 		return StatusInvalidMemoryAccess
 	}
-	v, found := h.Get(key)
+	v, found := h.Get(vc.vm.intern(raw))
 	if !found {
 		// ABI 0.1.0 reported a missing header as an empty value.
 		if vc.vm.p.mod.abi != ABI010 {
@@ -439,7 +458,7 @@ func (vc *vmCall) proxyGetHeaderMapValue(ctx context.Context, s []uint64) Status
 		}
 		v = ""
 	}
-	return vc.copyOut(ctx, []byte(v), u32(s, 3), u32(s, 4))
+	return vc.copyOutString(ctx, v, u32(s, 3), u32(s, 4))
 }
 
 func (vc *vmCall) keyValue(s []uint64) (*Headers, string, string, Status) {

@@ -122,25 +122,58 @@ func canWrite(mem api.Memory, ptr, n uint32) bool {
 // address and size at ptrPtr and sizePtr. Empty data is returned as (0, 0) without
 // allocating.
 func (vc *vmCall) copyOut(ctx context.Context, data []byte, ptrPtr, sizePtr uint32) Status {
+	return vc.copyOutWith(ctx, uint32(len(data)), ptrPtr, sizePtr, func(mem api.Memory, ptr uint32) bool {
+		return mem.Write(ptr, data)
+	})
+}
+
+// copyOutString is copyOut for a string, without converting it to bytes first.
+func (vc *vmCall) copyOutString(ctx context.Context, data string, ptrPtr, sizePtr uint32) Status {
+	return vc.copyOutWith(ctx, uint32(len(data)), ptrPtr, sizePtr, func(mem api.Memory, ptr uint32) bool {
+		return mem.WriteString(ptr, data)
+	})
+}
+
+// copyOutU64 is copyOut for an 8-byte little-endian value.
+func (vc *vmCall) copyOutU64(ctx context.Context, v uint64, ptrPtr, sizePtr uint32) Status {
+	return vc.copyOutWith(ctx, 8, ptrPtr, sizePtr, func(mem api.Memory, ptr uint32) bool {
+		return mem.WriteUint64Le(ptr, v)
+	})
+}
+
+// copyOutWith allocates size bytes in the guest and has write fill them.
+func (vc *vmCall) copyOutWith(ctx context.Context, size, ptrPtr, sizePtr uint32, write func(api.Memory, uint32) bool) Status {
 	mem := vc.vm.mod.Memory()
 	// Check the return slots first so a bad pointer does not leak a guest allocation.
 	if !canWrite(mem, ptrPtr, 4) || !canWrite(mem, sizePtr, 4) {
 		return StatusInvalidMemoryAccess
 	}
-	if len(data) == 0 {
+	if size == 0 {
 		writeU32(mem, ptrPtr, 0)
 		writeU32(mem, sizePtr, 0)
 		return StatusOK
 	}
-	ptr, st := vc.alloc(ctx, uint32(len(data)))
+	ptr, st := vc.alloc(ctx, size)
 	if st != StatusOK {
 		return st
 	}
 	mem = vc.vm.mod.Memory()
-	if !mem.Write(ptr, data) || !writeU32(mem, ptrPtr, ptr) || !writeU32(mem, sizePtr, uint32(len(data))) {
+	if !write(mem, ptr) || !writeU32(mem, ptrPtr, ptr) || !writeU32(mem, sizePtr, size) {
 		return StatusInvalidMemoryAccess
 	}
 	return StatusOK
+}
+
+// view returns size bytes of guest memory at ptr without copying: valid only until the
+// guest runs again (an allocation in the guest may move its memory).
+func view(mem api.Memory, ptr, size uint32) ([]byte, bool) {
+	if size == 0 {
+		return nil, true
+	}
+	if mem == nil {
+		return nil, false
+	}
+	return mem.Read(ptr, size)
 }
 
 // alloc calls the guest's allocator (proxy_on_memory_allocate, or malloc for older

@@ -164,10 +164,23 @@ func descend(v any, seg string) (any, bool) {
 	return nil, false
 }
 
-// getProperty resolves a path for the effective context of vc.
+// getProperty resolves a path for the effective context of vc and serializes the value.
 func (vc *vmCall) getProperty(path []string) ([]byte, Status) {
+	v, state, st := vc.resolveProperty(path)
+	if st != StatusOK {
+		return nil, st
+	}
+	if state != nil {
+		return append([]byte(nil), state...), StatusOK
+	}
+	return SerializeProperty(v)
+}
+
+// resolveProperty finds the value at path: raw bytes the guest set (state), or a value to
+// serialize.
+func (vc *vmCall) resolveProperty(path []string) (v any, state []byte, st Status) {
 	if len(path) == 0 {
-		return nil, StatusNotFound
+		return nil, nil, StatusNotFound
 	}
 	s := vc.streamCore()
 	var http *HTTPStream
@@ -178,19 +191,55 @@ func (vc *vmCall) getProperty(path []string) ([]byte, Status) {
 	// multi-segment keys round-trip (Envoy only matches the first segment).
 	if s != nil && s.filterState != nil {
 		if b, ok := s.filterState[strings.Join(path, "\x00")]; ok {
-			return append([]byte(nil), b...), StatusOK
+			return nil, b, StatusOK
 		}
 	}
-	v, ok := vc.topLevel(path[0], s, http)
-	if !ok {
-		return nil, StatusNotFound
+	var ok bool
+	rest := path[1:]
+	if v, ok = s.attribute(path[0], rest, http); ok {
+		// A stream attribute looked up by its key directly, without a Lazy map.
+		rest = rest[1:]
+	} else if v, ok = vc.topLevel(path[0], s, http); !ok {
+		return nil, nil, StatusNotFound
 	}
-	for _, seg := range path[1:] {
+	for _, seg := range rest {
 		if v, ok = descend(v, seg); !ok {
-			return nil, StatusNotFound
+			return nil, nil, StatusNotFound
 		}
 	}
-	return SerializeProperty(v)
+	if v == nil {
+		return nil, nil, StatusNotFound
+	}
+	return v, nil, StatusOK
+}
+
+// attribute serves name.key for the stream attribute maps (request.path,
+// connection.mtls, ...) without building them; ok is false for anything else, including
+// a key that is not there, which the general path then reports.
+func (s *streamCore) attribute(name string, rest []string, http *HTTPStream) (any, bool) {
+	if s == nil || len(rest) == 0 {
+		return nil, false
+	}
+	k := rest[0]
+	switch name {
+	case "request":
+		if http != nil {
+			return http.requestAttr(k)
+		}
+	case "response":
+		if http != nil {
+			return http.responseAttr(k)
+		}
+	case "connection":
+		return s.connectionAttr(k)
+	case "upstream":
+		return s.upstreamAttr(k)
+	case "source":
+		return endpointAttr(s.info.Source, k)
+	case "destination":
+		return endpointAttr(s.info.Destination, k)
+	}
+	return nil, false
 }
 
 func (vc *vmCall) topLevel(name string, s *streamCore, http *HTTPStream) (any, bool) {

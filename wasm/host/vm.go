@@ -35,6 +35,10 @@ type vm struct {
 	stacks [][]uint64
 	// spare holds vmCalls for reuse (see newCall).
 	spare []*vmCall
+	// interned holds the strings of property path segments and header names guests pass
+	// (see intern); path is the segments of the path being resolved.
+	interned map[string]string
+	path     []string
 
 	rootID   uint32
 	nextID   uint32
@@ -111,6 +115,7 @@ func (in *instance) startVM() (*vm, error) {
 		mem:      newLimitedMemory(p.limit),
 		fns:      map[string]api.Function{},
 		arity:    map[string]arity{},
+		interned: map[string]string{},
 		contexts: map[uint32]*guestContext{},
 		calls:    map[uint32]*pendingCall{},
 		nextID:   1,
@@ -343,6 +348,39 @@ func (v *vm) stack(depth, n int) []uint64 {
 	s := v.stacks[depth][:n]
 	clear(s)
 	return s
+}
+
+// maxInterned bounds the strings a VM interns: a guest that passes ever new names only
+// loses the saving.
+const maxInterned = 512
+
+// intern returns b as a string, the same string each time while the table has room, so
+// the names guests pass on every call (header names, property path segments) are not
+// allocated each time.
+func (v *vm) intern(b []byte) string {
+	if s, ok := v.interned[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if len(v.interned) < maxInterned {
+		v.interned[s] = s
+	}
+	return s
+}
+
+// splitPath is SplitPath with interned segments, in a buffer reused until the next call.
+func (v *vm) splitPath(path []byte) []string {
+	parts := v.path[:0]
+	for start := 0; start < len(path); {
+		end := start
+		for end < len(path) && path[end] != 0 {
+			end++
+		}
+		parts = append(parts, v.intern(path[start:end]))
+		start = end + 1
+	}
+	v.path = parts
+	return parts
 }
 
 // newCall returns a vmCall for a callback, reusing one that release gave back: a

@@ -35,7 +35,9 @@ func (a *Arena) Mark() ArenaMark { return ArenaMark{off: a.off, table: a.Overflo
 // Release frees everything allocated since m.
 func (a *Arena) Release(m ArenaMark) {
 	a.off = m.off
-	a.Overflow.ReleaseSince(m.table)
+	if len(a.Overflow.entries) > 0 { // rare: checked here so the common case is inlined
+		a.Overflow.ReleaseSince(m.table)
+	}
 }
 
 // Reset frees everything: no host call is in progress.

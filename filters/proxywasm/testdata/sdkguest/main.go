@@ -51,8 +51,45 @@ func errText(err error) string {
 	return err.Error()
 }
 
+// sink keeps the loop ops' results alive.
+var sink []byte
+
+// loop runs op n times in one callback, for the per-call benchmarks.
+func loop(op string, n int) {
+	var buf []byte
+	var counter proxywasm.MetricCounter
+	if op == "loop-metric" {
+		counter = proxywasm.DefineCounterMetric("loop")
+	}
+	for range n {
+		switch op {
+		case "loop-property":
+			buf, _ = proxywasm.AppendProperty(buf[:0], []string{"request", "path"})
+		case "loop-property-alloc":
+			buf, _ = proxywasm.GetProperty([]string{"request", "path"})
+		case "loop-header":
+			buf, _ = proxywasm.AppendHttpRequestHeader(buf[:0], ":path")
+		case "loop-metric":
+			counter.Increment(1)
+		case "loop-raw-property":
+			// The floor under AppendProperty: the import called directly with an encoded
+			// path and fixed result slots.
+			rawProperty()
+		case "loop-alloc":
+			buf = make([]byte, 16)
+			sink = buf
+		}
+	}
+}
+
 func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	h.op, _ = proxywasm.GetHttpRequestHeader("x-op")
+	if strings.HasPrefix(h.op, "loop-") {
+		n, _ := proxywasm.GetHttpRequestHeader("x-n")
+		count, _ := strconv.Atoi(n)
+		loop(h.op, count)
+		return types.ActionContinue
+	}
 	switch h.op {
 	case "headers":
 		hs, err := proxywasm.GetHttpRequestHeaders()
@@ -152,4 +189,16 @@ func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 		_ = proxywasm.AddHttpResponseHeader("x-retained", h.retained)
 	}
 	return types.ActionContinue
+}
+
+//go:wasmimport env proxy_get_property
+func hostGetProperty(path *byte, pathSize uint32, returnData, returnSize *uint32) uint32
+
+var (
+	rawPath    = []byte("request\x00path")
+	rawResults = new([2]uint32)
+)
+
+func rawProperty() {
+	hostGetProperty(&rawPath[0], uint32(len(rawPath)), &rawResults[0], &rawResults[1])
 }
