@@ -130,3 +130,22 @@ func TestAgentHealthReportsGateEndpoints(t *testing.T) {
 	_, err = hs.Recv()
 	assert.ErrorIs(t, err, io.EOF)
 }
+
+// A health-checked proxy that resumes with config it had (discovery restarted under it) is
+// not taken out of load balancing while its agent's health stream reconnects.
+func TestResumingProxyStaysHealthyUntilItsAgentReports(t *testing.T) {
+	e := start(t, map[string]string{"services.yaml": services}, nil)
+	fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")})
+	beNode := node(t, "backend-1", "backend", "127.10.0.2", "127.20.0.2")
+	beNode.Metadata.Fields["WASMESH_HEALTH_CHECKED"] = structpb.NewStringValue("true")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(e.cc).StreamAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&discoverypb.DiscoveryRequest{Node: beNode, TypeUrl: adsc.ClusterType, VersionInfo: "from-the-previous-discovery"}))
+	wait(t, fe, func(c *adsc.Client) bool {
+		var cla endpoint.ClusterLoadAssignment
+		return c.Resource(adsc.EndpointType, backendCluster, &cla) && len(cla.GetEndpoints()) == 1 &&
+			cla.GetEndpoints()[0].GetLbEndpoints()[0].GetHealthStatus().String() == "HEALTHY"
+	})
+}

@@ -37,9 +37,9 @@ func NewAutoRegistration(reg *ServiceEntries, grace time.Duration, log *slog.Log
 }
 
 // Connect registers (or refreshes) a workload for a new connection. Its health is the last
-// one its agent reported; without a report it is unhealthy when healthChecked (the agent
+// one its agent reported; without a report it is unhealthy when startUnhealthy (its agent
 // will report), healthy otherwise.
-func (a *AutoRegistration) Connect(w *model.Workload, healthChecked bool) {
+func (a *AutoRegistration) Connect(w *model.Workload, startUnhealthy bool) {
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -50,7 +50,7 @@ func (a *AutoRegistration) Connect(w *model.Workload, healthChecked bool) {
 	reg.Health = model.Healthy
 	if h, ok := a.health[key]; ok {
 		reg.Health = h
-	} else if healthChecked {
+	} else if startUnhealthy {
 		reg.Health = model.Unhealthy
 	}
 	w = &reg

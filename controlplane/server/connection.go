@@ -24,8 +24,11 @@ type Connection struct {
 	Proxy       *model.Proxy
 	ConnectedAt time.Time
 
-	srv      *Server
-	shape    string // xds.Shape of the proxy
+	srv   *Server
+	shape string // xds.Shape of the proxy
+	// resumed: the proxy came with config from an earlier connection (a SotW version or
+	// delta initial versions on its first request), i.e. it was already serving.
+	resumed  bool
 	workload *model.Workload
 	delta    bool
 	pushCh   chan *delivery
@@ -285,7 +288,7 @@ type stream[Req any] interface {
 // serve runs one ADS stream: the first request identifies and admits the proxy, then
 // requests (read by their own goroutine, as a blocking Recv cannot be selected on) and pushes
 // are handled one at a time until the stream or the server ends.
-func serve[Req request](s *Server, st stream[Req], delta bool,
+func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req) bool,
 	onRequest func(*Connection, Req) error, onPush func(*Connection, *pushEvent) error) error {
 	first, err := st.Recv()
 	if err != nil {
@@ -301,6 +304,7 @@ func serve[Req request](s *Server, st stream[Req], delta bool,
 	if err != nil {
 		return err
 	}
+	c.resumed = resumed(first)
 	s.addConnection(c)
 	defer s.closeConnection(c)
 

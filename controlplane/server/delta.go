@@ -13,7 +13,7 @@ import (
 // DeltaAggregatedResources serves incremental (delta) ADS: only changed resources and the
 // names of removed ones are sent.
 func (s *Server) DeltaAggregatedResources(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	return serve(s, stream, true,
+	return serve(s, stream, true, func(r *discovery.DeltaDiscoveryRequest) bool { return len(r.GetInitialResourceVersions()) > 0 },
 		func(c *Connection, r *discovery.DeltaDiscoveryRequest) error { return c.onDeltaRequest(stream, r) },
 		func(c *Connection, ev *pushEvent) error { return c.pushDelta(stream, ev) })
 }

@@ -314,7 +314,11 @@ func (s *Server) addConnection(c *Connection) {
 	s.metrics.XDSClients.WithLabelValues(c.Proxy.IstioVersion).Inc()
 	s.log.Info("proxy connected", "conn", c.ID, "delta", c.delta, "connections", n)
 	if c.workload != nil && s.deps.AutoRegistration != nil {
-		s.deps.AutoRegistration.Connect(c.workload, c.Proxy.HealthChecked)
+		// A health-checked workload starts unhealthy until its agent reports, unless its
+		// proxy resumes with config it already had (discovery restarted under it): it was
+		// serving, and taking it out of every load balancer until its agent reconnects
+		// would fail requests that were flowing.
+		s.deps.AutoRegistration.Connect(c.workload, c.Proxy.HealthChecked && !c.resumed)
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 
 // StreamAggregatedResources serves State of the World ADS.
 func (s *Server) StreamAggregatedResources(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	return serve(s, stream, false,
+	return serve(s, stream, false, func(r *discovery.DiscoveryRequest) bool { return r.GetVersionInfo() != "" },
 		func(c *Connection, r *discovery.DiscoveryRequest) error { return c.onSotwRequest(stream, r) },
 		func(c *Connection, ev *pushEvent) error { return c.pushSotw(stream, ev) })
 }
