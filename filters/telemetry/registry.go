@@ -1,6 +1,9 @@
 package main
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"unsafe"
+)
 
 // The registry turns a request's label values into metric ids. The ABI defines a metric
 // per full name, so every distinct label set is a metric of its own in the proxy; the
@@ -45,6 +48,10 @@ type group struct {
 	// its entries, which stay under maxKnown.
 	known map[uint64][]knownSet
 	seen  int
+	// last is the label set of the previous request: most requests repeat it with the
+	// very same strings (interned values, fields of cached workloads), which compare by
+	// address without hashing.
+	last *knownSet
 }
 
 // knownSet is a list of label values (one per tag of the group) and its metric ids.
@@ -104,6 +111,9 @@ func (r *registry) report(values []string, vals []int64, ok []bool) {
 // lookup returns the ids of the group's metrics for values, defining them the first time
 // the label set is seen; nil when the label set is new and the group is full.
 func (r *registry) lookup(gr *group, values []string) []uint32 {
+	if gr.last != nil && identical(gr.last.values, gr.tags, values) {
+		return gr.last.ids
+	}
 	var h maphash.Hash
 	h.SetSeed(r.seed)
 	for _, t := range gr.tags {
@@ -111,8 +121,9 @@ func (r *registry) lookup(gr *group, values []string) []uint32 {
 		h.WriteByte(0)
 	}
 	sum := h.Sum64()
-	for _, k := range gr.known[sum] {
-		if sameValues(k.values, gr.tags, values) {
+	for i := range gr.known[sum] {
+		if k := &gr.known[sum][i]; sameValues(k.values, gr.tags, values) {
+			gr.last = k
 			return k.ids
 		}
 	}
@@ -123,9 +134,22 @@ func (r *registry) lookup(gr *group, values []string) []uint32 {
 			vs[i] = values[t.index]
 		}
 		gr.known[sum] = append(gr.known[sum], knownSet{values: vs, ids: ids})
+		gr.last = &gr.known[sum][len(gr.known[sum])-1]
 		gr.seen++
 	}
 	return ids
+}
+
+// identical reports whether values holds the very strings of known (same address and
+// length), which is equality without reading them.
+func identical(known []string, tags []tagPlan, values []string) bool {
+	for i, t := range tags {
+		v := values[t.index]
+		if len(known[i]) != len(v) || unsafe.StringData(known[i]) != unsafe.StringData(v) {
+			return false
+		}
+	}
+	return true
 }
 
 func sameValues(known []string, tags []tagPlan, values []string) bool {

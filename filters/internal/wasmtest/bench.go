@@ -130,6 +130,16 @@ func (bt *best) tick() {
 	bt.n, bt.start = 0, now
 }
 
+// BestBatch runs do requests times and returns the best batch's time per request.
+func BestBatch(requests int, do func()) float64 {
+	bt := newBest()
+	for range requests {
+		do()
+		bt.tick()
+	}
+	return bt.perRequest()
+}
+
 // perRequest is the best batch's time per request; 0 when no batch completed.
 func (bt *best) perRequest() float64 {
 	if bt.min < 0 {

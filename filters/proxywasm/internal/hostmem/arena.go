@@ -12,15 +12,17 @@ import "unsafe"
 // Results that do not fit fall back to the Table, which allocates on the Go heap and keeps
 // the buffer reachable until it is taken.
 type Arena struct {
-	buf []byte
-	off int
+	buf  []byte
+	base uintptr // address of buf[0]
+	off  int
 	// Overflow holds what did not fit.
 	Overflow Table
 }
 
 // NewArena returns an arena of size bytes.
 func NewArena(size int) *Arena {
-	return &Arena{buf: make([]byte, size)}
+	buf := make([]byte, size)
+	return &Arena{buf: buf, base: uintptr(unsafe.Pointer(unsafe.SliceData(buf)))}
 }
 
 // ArenaMark is a position to release back to.
@@ -88,13 +90,19 @@ func (a *Arena) Scratch(n int) []byte {
 // overflow table. It reports false for memory not allocated here or a size beyond the
 // allocation: the host is broken and the memory must not be read.
 func (a *Arena) View(addr uintptr, size uint32) ([]byte, bool) {
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(a.buf)))
-	if addr >= base && addr < base+uintptr(a.off) {
-		start := int(addr - base)
-		if int(size) > a.off-start {
-			return nil, false
+	// Small enough to be inlined: it runs on every host call that returns data.
+	if start, end := addr-a.base, addr-a.base+uintptr(size); addr >= a.base && end <= uintptr(a.off) && start < end {
+		return a.buf[start:end:end], true
+	}
+	return a.viewSlow(addr, size)
+}
+
+func (a *Arena) viewSlow(addr uintptr, size uint32) ([]byte, bool) {
+	if start := addr - a.base; addr >= a.base && start < uintptr(a.off) {
+		if size == 0 {
+			return a.buf[start:start:start], true
 		}
-		return a.buf[start : start+int(size) : start+int(size)], true
+		return nil, false // past the allocation
 	}
 	return a.Overflow.Take(addr, size)
 }
