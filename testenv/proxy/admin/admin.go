@@ -30,7 +30,8 @@ type Backend interface {
 	// Clusters describes the active clusters for /clusters.
 	Clusters() []ClusterStatus
 	// ConfigDump is the /config_dump document (JSON).
-	ConfigDump(resource string, includeEDS bool) ([]byte, error)
+	// resource narrows it to one repeated field (?resource=), mask trims it (?mask=).
+	ConfigDump(resource, mask string, includeEDS bool) ([]byte, error)
 	// DrainListeners starts draining (graceful) or closes the listeners now.
 	DrainListeners(inboundOnly, graceful bool)
 	// SetHealthCheckFailed is /healthcheck/fail (true) and /healthcheck/ok (false).
@@ -269,9 +270,9 @@ func (s *Server) clusters(w http.ResponseWriter, r *http.Request) {
 func (s *Server) configDump(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	_, eds := q["include_eds"]
-	b, err := s.backend.ConfigDump(q.Get("resource"), eds)
+	b, err := s.backend.ConfigDump(q.Get("resource"), q.Get("mask"), eds)
 	if err != nil {
-		w.WriteHeader(http.StatusBadRequest)
+		w.WriteHeader(http.StatusNotFound)
 		_, _ = fmt.Fprintln(w, err)
 		return
 	}

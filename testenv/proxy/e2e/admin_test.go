@@ -89,7 +89,7 @@ func TestAdminAPI(t *testing.T) {
 
 	_, body = p.Get("/config_dump")
 	assert.Contains(t, body, "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump")
-	assert.Contains(t, body, "staticListeners")
+	assert.Contains(t, body, "static_listeners")
 
 	code, _ = p.Get("/healthcheck/fail")
 	assert.Equal(t, http.StatusMethodNotAllowed, code, "mutations need POST")

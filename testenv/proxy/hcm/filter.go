@@ -133,6 +133,10 @@ func (h *FilterHandle) Load() FilterConfig {
 // Store replaces it.
 func (h *FilterHandle) Store(fc FilterConfig) { h.cfg.Store(&filterBox{fc: fc}) }
 
+// Clear forgets the discovered configuration (an ECDS removal): the filter falls back to
+// its default_config, or, without one, answers 500 with NFCF, as in Envoy.
+func (h *FilterHandle) Clear() { h.cfg.Store(nil) }
+
 // Providers resolve the dynamic parts of an HCM: route configurations by RDS name and
 // filter configurations by ECDS name. The server implements them on top of the xDS client.
 type Providers interface {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 
@@ -19,9 +20,12 @@ const tcpProxyTypeURL = "type.googleapis.com/envoy.extensions.filters.network.tc
 // tcpProxy is envoy.filters.network.tcp_proxy: bytes both ways between the downstream
 // connection and one host of the cluster.
 type tcpProxy struct {
-	ctx     *hcm.Context
-	cluster string
-	st      struct {
+	ctx      *hcm.Context
+	cluster  string
+	weighted []weightedCluster
+	total    uint64
+	attempts int
+	st       struct {
 		cxTotal, noRoute, connectFail *stats.Counter
 		active                        *stats.Gauge
 	}
@@ -38,8 +42,20 @@ func newTCPProxy(ctx *hcm.Context, p *tcpv3.TcpProxy) (*tcpProxy, error) {
 	switch c := p.GetClusterSpecifier().(type) {
 	case *tcpv3.TcpProxy_Cluster:
 		t.cluster = c.Cluster
+	case *tcpv3.TcpProxy_WeightedClusters:
+		for _, wc := range c.WeightedClusters.GetClusters() {
+			t.weighted = append(t.weighted, weightedCluster{name: wc.GetName(), weight: uint64(wc.GetWeight())})
+			t.total += uint64(wc.GetWeight())
+		}
+		if t.total == 0 {
+			return nil, fmt.Errorf("tcp_proxy: weighted_clusters: total weight is zero")
+		}
 	default:
-		return nil, fmt.Errorf("tcp_proxy: only a single cluster is supported")
+		return nil, fmt.Errorf("tcp_proxy: cluster specifier %T is not supported", c)
+	}
+	t.attempts = 1
+	if n := p.GetMaxConnectAttempts(); n != nil {
+		t.attempts = int(n.GetValue())
 	}
 	sc := ctx.Store.Scope("tcp." + p.GetStatPrefix())
 	t.st.cxTotal = sc.Counter("downstream_cx_total")
@@ -51,30 +67,70 @@ func newTCPProxy(ctx *hcm.Context, p *tcpv3.TcpProxy) (*tcpProxy, error) {
 
 func (t *tcpProxy) Start(ctx context.Context) { t.run = ctx }
 
+// weightedCluster is one of tcp_proxy's weighted clusters.
+type weightedCluster struct {
+	name   string
+	weight uint64
+}
+
+// pick chooses the connection's cluster: the one cluster, or a weighted one at random.
+func (t *tcpProxy) pick() string {
+	if len(t.weighted) == 0 {
+		return t.cluster
+	}
+	x := rand.Uint64N(t.total)
+	for _, wc := range t.weighted {
+		if x < wc.weight {
+			return wc.name
+		}
+		x -= wc.weight
+	}
+	return t.weighted[len(t.weighted)-1].name
+}
+
 func (t *tcpProxy) ServeConn(conn net.Conn) {
 	t.st.cxTotal.Inc()
-	cl := t.ctx.Clusters.Get(t.cluster)
+	cl := t.ctx.Clusters.Get(t.pick())
 	if cl == nil {
 		t.st.noRoute.Inc()
 		_ = conn.Close()
 		return
 	}
-	var host *upstream.Host
-	if cl.Config.GetType().String() == "ORIGINAL_DST" {
-		host = upstream.OriginalDstHost(conn.LocalAddr().String())
-	} else {
-		host = cl.Choose(&upstream.LBContext{})
-	}
-	if host == nil {
+	release, ok := cl.Breakers(0).TryConnection()
+	if !ok {
 		_ = conn.Close()
 		return
 	}
 	go func() {
-		var d net.Dialer
-		up, err := d.DialContext(t.run, "tcp", host.Address)
-		if err != nil {
+		defer release()
+		// max_connect_attempts: a failed connection is tried again on another host.
+		lbctx := &upstream.LBContext{AvoidAttempted: true, HostSelectionAttempts: 1}
+		var up net.Conn
+		for attempt := 0; attempt < t.attempts; attempt++ {
+			var host *upstream.Host
+			if cl.Config.GetType().String() == "ORIGINAL_DST" {
+				host = upstream.OriginalDstHost(conn.LocalAddr().String())
+			} else {
+				host = cl.Choose(lbctx)
+			}
+			if host == nil {
+				_ = conn.Close()
+				return
+			}
+			lbctx.Attempted = append(lbctx.Attempted, host)
+			var d net.Dialer
+			c, err := d.DialContext(t.run, "tcp", host.Address)
+			if err == nil {
+				up = c
+				cl.ReportResult(host, upstream.LocalOriginConnectSuccess)
+				break
+			}
 			t.st.connectFail.Inc()
 			cl.Stats.UpstreamCxConnectFail.Inc()
+			cl.ReportResult(host, upstream.LocalOriginConnectFailed)
+		}
+		if up == nil {
+			cl.Stats.Scope().Counter("upstream_cx_connect_attempts_exceeded").Inc()
 			_ = conn.Close()
 			return
 		}

@@ -1,7 +1,11 @@
 package server
 
 import (
+	"errors"
+	"strings"
+
 	"fmt"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"sort"
 	"strconv"
 	"time"
@@ -96,8 +100,9 @@ func mustAny(m proto.Message) *anypb.Any {
 	return a
 }
 
-// ConfigDump implements admin.Backend with Envoy's admin.v3 dump types.
-func (s *Server) ConfigDump(_ string, includeEDS bool) ([]byte, error) {
+// ConfigDump implements admin.Backend with Envoy's admin.v3 dump types, narrowed to one
+// repeated field (resource) and trimmed by a field mask as Envoy's /config_dump does.
+func (s *Server) ConfigDump(resource, mask string, includeEDS bool) ([]byte, error) {
 	now := timestamppb.New(s.started)
 	s.mu.Lock()
 	versions := map[string]string{}
@@ -174,7 +179,7 @@ func (s *Server) ConfigDump(_ string, includeEDS bool) ([]byte, error) {
 		ecds.EcdsFilters = append(ecds.EcdsFilters, &adminv3.EcdsConfigDump_EcdsFilterConfig{
 			VersionInfo: m.version, EcdsFilter: mustAny(m.proto.(*corev3.TypedExtensionConfig)), LastUpdated: timestamppb.New(m.at)})
 	}
-	configs := []*anypb.Any{mustAny(boot), mustAny(clusters), mustAny(ecds), mustAny(listeners), mustAny(routes)}
+	dumps := []proto.Message{boot, clusters, ecds, listeners, routes}
 	if includeEDS {
 		eds := &adminv3.EndpointsConfigDump{}
 		for _, n := range sortedNames(dyn[xdsclient.EDS]) {
@@ -182,9 +187,90 @@ func (s *Server) ConfigDump(_ string, includeEDS bool) ([]byte, error) {
 			eds.DynamicEndpointConfigs = append(eds.DynamicEndpointConfigs, &adminv3.EndpointsConfigDump_DynamicEndpointConfig{
 				VersionInfo: m.version, EndpointConfig: mustAny(m.proto.(*endpointv3.ClusterLoadAssignment)), LastUpdated: timestamppb.New(m.at)})
 		}
-		configs = append(configs, mustAny(eds))
+		dumps = append(dumps, eds)
 	}
-	return protojson.MarshalOptions{Multiline: true, Indent: " "}.Marshal(&adminv3.ConfigDump{Configs: configs})
+	if resource != "" {
+		var err error
+		if dumps, err = selectResource(dumps, resource); err != nil {
+			return nil, err
+		}
+	}
+	configs := make([]*anypb.Any, 0, len(dumps))
+	for _, d := range dumps {
+		if mask != "" {
+			trim(d.ProtoReflect(), strings.Split(mask, ","))
+		}
+		configs = append(configs, mustAny(d))
+	}
+	// Envoy prints the proto field names (snake_case).
+	return protojson.MarshalOptions{Multiline: true, Indent: " ", UseProtoNames: true}.Marshal(&adminv3.ConfigDump{Configs: configs})
+}
+
+// ErrNoResource is a /config_dump?resource= naming no repeated field of the dumps.
+var ErrNoResource = errors.New("no such resource")
+
+// selectResource is Envoy's ?resource=: the elements of the repeated message field of that
+// name in any of the dumps (dynamic_active_clusters, static_listeners, ...).
+func selectResource(dumps []proto.Message, resource string) ([]proto.Message, error) {
+	var out []proto.Message
+	found := false
+	for _, d := range dumps {
+		m := d.ProtoReflect()
+		fd := m.Descriptor().Fields().ByName(protoreflect.Name(resource))
+		if fd == nil || !fd.IsList() || fd.Message() == nil {
+			continue
+		}
+		found = true
+		l := m.Get(fd).List()
+		for i := 0; i < l.Len(); i++ {
+			out = append(out, l.Get(i).Message().Interface())
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: %q is not a repeated field of any config dump", ErrNoResource, resource)
+	}
+	return out, nil
+}
+
+// trim keeps only the fields named by the field mask paths (dotted for nested fields),
+// Envoy's FieldMaskUtil::TrimMessage.
+func trim(m protoreflect.Message, paths []string) {
+	keep := map[string][]string{}
+	for _, p := range paths {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		head, rest, _ := strings.Cut(p, ".")
+		if rest == "" {
+			keep[head] = nil // the whole field
+			continue
+		}
+		if sub, ok := keep[head]; !ok || sub != nil {
+			keep[head] = append(sub, rest)
+		}
+	}
+	var clear []protoreflect.FieldDescriptor
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		sub, ok := keep[string(fd.Name())]
+		switch {
+		case !ok:
+			clear = append(clear, fd)
+		case sub != nil && fd.Message() != nil && !fd.IsMap():
+			if fd.IsList() {
+				l := v.List()
+				for i := 0; i < l.Len(); i++ {
+					trim(l.Get(i).Message(), sub)
+				}
+			} else {
+				trim(v.Message(), sub)
+			}
+		}
+		return true
+	})
+	for _, fd := range clear {
+		m.Clear(fd)
+	}
 }
 
 func sortedNames(m map[string]resourceMeta) []string {

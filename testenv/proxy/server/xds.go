@@ -104,6 +104,8 @@ func (s *Server) Apply(u xdsclient.Update) []xdsclient.ResourceError {
 			s.Routes(n).Store(c)
 			s.remember(u.TypeURL, n, u.Version, rc)
 		}
+		// A delta removal of a route configuration is ignored, as Envoy's RDS subscription
+		// does: the connection managers keep serving the last configuration they got.
 	case xdsclient.ECDS:
 		for _, n := range names {
 			tec := &corev3.TypedExtensionConfig{}
@@ -122,6 +124,11 @@ func (s *Server) Apply(u xdsclient.Update) []xdsclient.ResourceError {
 			}
 			s.Filter(n).Store(fc)
 			s.remember(u.TypeURL, n, u.Version, tec)
+		}
+		for _, n := range u.Removed {
+			// Envoy's onConfigRemoved: back to the default config, or none (NFCF).
+			s.Filter(n).Clear()
+			s.forget(u.TypeURL, n)
 		}
 	default:
 		for _, n := range names {

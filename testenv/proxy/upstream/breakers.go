@@ -195,3 +195,15 @@ func (b *Breakers) TryRetry() bool { return b.retries.tryInc() }
 
 // ReleaseRetry gives a retry back.
 func (b *Breakers) ReleaseRetry() { b.retries.dec() }
+
+// TryConnection takes one of max_connections for a TCP proxy connection (Envoy's tcp_proxy
+// checks the breaker before connecting and refuses the connection when it is open).
+func (b *Breakers) TryConnection() (release func(), ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.cx.tryInc() {
+		b.st.UpstreamCxOverflow.Inc()
+		return nil, false
+	}
+	return b.releaseSlot0, true
+}

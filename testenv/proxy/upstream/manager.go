@@ -180,9 +180,10 @@ func (m *Manager) AddOrUpdate(cfg *clusterv3.Cluster, version string, static boo
 		hs, _ := hostSetFromAssignment(cfg.GetLoadAssignment())
 		hosts := hs.All
 		c.SetHosts(hs)
-		if cfg.GetType() == clusterv3.Cluster_STRICT_DNS {
-			go m.refreshDNS(ctx, c, hosts)
-		}
+		// The cluster warms until its first resolution, as Envoy's DNS clusters do.
+		warm = true
+		name := c.Name
+		go m.refreshDNS(ctx, c, hosts, cfg.GetType() == clusterv3.Cluster_LOGICAL_DNS, func() { m.finishWarming(name, e) })
 	}
 	c.start(ctx)
 	if warm {
@@ -413,7 +414,10 @@ func (m *Manager) Close() {
 	}
 }
 
-func (m *Manager) refreshDNS(ctx context.Context, c *Cluster, template []*Host) {
+// refreshDNS resolves the hostnames of a DNS cluster every dns_refresh_rate (Envoy's
+// default 5s): STRICT_DNS gets a host per address, LOGICAL_DNS one host per endpoint with
+// the first address, both after dns_lookup_family.
+func (m *Manager) refreshDNS(ctx context.Context, c *Cluster, template []*Host, logical bool, resolved func()) {
 	rate := 5 * time.Second
 	if r := c.Config.GetDnsRefreshRate(); r != nil && r.AsDuration() > 0 {
 		rate = r.AsDuration()
@@ -427,10 +431,14 @@ func (m *Manager) refreshDNS(ctx context.Context, c *Cluster, template []*Host) 
 			if err != nil {
 				continue
 			}
-			addrs, err := net.DefaultResolver.LookupHost(ctx, hostname)
+			ips, err := net.DefaultResolver.LookupIPAddr(ctx, hostname)
 			if err != nil {
 				m.log.Debug("dns resolution failed", "cluster", c.Name, "host", hostname, "err", err)
 				continue
+			}
+			addrs := byFamily(ips, c.Config.GetDnsLookupFamily())
+			if logical && len(addrs) > 1 {
+				addrs = addrs[:1]
 			}
 			for _, a := range addrs {
 				nh := cloneHosts([]*Host{h})[0]
@@ -440,7 +448,13 @@ func (m *Manager) refreshDNS(ctx context.Context, c *Cluster, template []*Host) 
 			}
 		}
 		if hosts != nil {
-			c.SetHosts(NewHostSet(hosts))
+			hs := NewHostSet(hosts)
+			hs.OverprovisioningFactor = c.Hosts().OverprovisioningFactor
+			c.SetHosts(hs)
+		}
+		if resolved != nil {
+			resolved()
+			resolved = nil
 		}
 		select {
 		case <-ctx.Done():
@@ -448,6 +462,36 @@ func (m *Manager) refreshDNS(ctx context.Context, c *Cluster, template []*Host) 
 		case <-t.C:
 		}
 	}
+}
+
+// byFamily applies dns_lookup_family to resolved addresses: AUTO prefers IPv6 and falls
+// back to IPv4, V4_PREFERRED the other way round, ALL keeps both.
+func byFamily(ips []net.IPAddr, f clusterv3.Cluster_DnsLookupFamily) []string {
+	var v4, v6 []string
+	for _, ip := range ips {
+		if ip.IP.To4() != nil {
+			v4 = append(v4, ip.IP.String())
+		} else {
+			v6 = append(v6, ip.IP.String())
+		}
+	}
+	switch f {
+	case clusterv3.Cluster_V4_ONLY:
+		return v4
+	case clusterv3.Cluster_V6_ONLY:
+		return v6
+	case clusterv3.Cluster_V4_PREFERRED:
+		if len(v4) > 0 {
+			return v4
+		}
+		return v6
+	case clusterv3.Cluster_ALL:
+		return append(v4, v6...)
+	}
+	if len(v6) > 0 {
+		return v6
+	}
+	return v4
 }
 
 func protoEqual(a, b proto.Message) bool { return proto.Equal(a, b) }
