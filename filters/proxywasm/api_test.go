@@ -35,6 +35,7 @@ var extensions = map[string]string{
 	"func AppendProperty":           "([]byte, []string) ([]byte, error)",
 	"func AppendHttpRequestHeader":  "([]byte, string) ([]byte, error)",
 	"func AppendHttpResponseHeader": "([]byte, string) ([]byte, error)",
+	"func AppendSharedData":         "([]byte, string) ([]byte, uint32, error)",
 }
 
 func TestAPIMatchesSDKInEveryBuild(t *testing.T) {

@@ -245,6 +245,16 @@ func SendHttpResponse(statusCode uint32, headers [][2]string, body []byte, gRPCS
 // GetSharedData forwards to the SDK.
 func GetSharedData(key string) (value []byte, cas uint32, err error) { return sdk.GetSharedData(key) }
 
+// AppendSharedData appends the value of a shared data key to dst, with its CAS (dst
+// unchanged on error). Not in the SDK.
+func AppendSharedData(dst []byte, key string) ([]byte, uint32, error) {
+	v, cas, err := sdk.GetSharedData(key)
+	if err != nil {
+		return dst, 0, err
+	}
+	return append(dst, v...), cas, nil
+}
+
 // SetSharedData forwards to the SDK.
 func SetSharedData(key string, data []byte, cas uint32) error {
 	return sdk.SetSharedData(key, data, cas)

@@ -361,6 +361,22 @@ func GetSharedData(key string) (value []byte, cas uint32, err error) {
 	return value, *r.cas(), nil
 }
 
+// AppendSharedData appends the value of a key in the VM-wide shared data to dst and
+// returns it with its CAS (dst unchanged on error): GetSharedData without a result
+// allocation. Not in the SDK.
+func AppendSharedData(dst []byte, key string) ([]byte, uint32, error) {
+	var r hostResult
+	r.begin()
+	defer r.end()
+	st := hostGetSharedData(key, r.ptr(), r.size(), r.cas())
+	keepString(key)
+	b, err := r.view(st)
+	if err != nil {
+		return dst, 0, err
+	}
+	return append(dst, b...), *r.cas(), nil
+}
+
 // SetSharedData sets a key in the VM-wide shared data; a non-zero cas must match
 // (types.ErrorStatusCasMismatch otherwise).
 func SetSharedData(key string, data []byte, cas uint32) error {

@@ -47,7 +47,7 @@ func TestSDKAgainstTheHost(t *testing.T) {
 		{op: "big", headers: [][2]string{{"x-big", big}}, want: map[string]string{
 			"x-big": "40960/" + hex.EncodeToString(sum[:8]) + "/ok"}},
 		{op: "shared", want: map[string]string{
-			"x-shared": "ok,v1,ok,ok,cas_mismatch,v2,not_found"}},
+			"x-shared": "ok,v1,ok,ok,cas_mismatch,v2,not_found,pre:v2,true,ok,not_found"}},
 		{op: "queue", want: map[string]string{"x-queue": "ok,ok,ok,a/ok,bb/ok,/empty"}},
 		{op: "append", headers: [][2]string{{"x-in", "v"}}, want: map[string]string{
 			"x-append": "pre:/p|v/ok,not_found,ok,not_found", "x-append-response": "status:200/ok"}},

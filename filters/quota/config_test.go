@@ -183,7 +183,7 @@ func TestHostOnly(t *testing.T) {
 		"":                          "",
 		"reviews.default.svc.local": "reviews.default.svc.local",
 	} {
-		assert.Equal(t, want, hostOnly(in), in)
+		assert.Equal(t, want, string(hostOnly([]byte(in))), in)
 	}
 }
 

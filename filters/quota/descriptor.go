@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +77,7 @@ type scratch struct {
 	read    []uint8  // attrUnread, attrPresent, attrAbsent
 	entries []ratelimit.Entry
 	key     []byte
+	value   []byte // the attribute being read
 	req     ratelimit.Request
 }
 
@@ -171,7 +173,7 @@ func (p *pluginContext) attr(i int) (string, bool) {
 	case attrAbsent:
 		return "", false
 	}
-	v, ok := readAttr(&p.cfg.attrs[i])
+	v, ok := p.readAttr(&p.cfg.attrs[i])
 	if ok {
 		s.read[i], s.vals[i] = attrPresent, v
 	} else {
@@ -180,36 +182,39 @@ func (p *pluginContext) attr(i int) (string, bool) {
 	return v, ok
 }
 
-func readAttr(a *attribute) (string, bool) {
+// readAttr reads an attribute into the scratch buffer and returns its value, interned:
+// the values that pick buckets repeat from request to request.
+func (p *pluginContext) readAttr(a *attribute) (string, bool) {
+	s := &p.scratch
+	var b []byte
+	var err error
 	if a.path != nil {
-		b, err := proxywasm.GetProperty(a.path)
+		b, err = proxywasm.AppendProperty(s.value[:0], a.path)
 		if err != nil || len(b) == 0 { // e.g. no peer certificate: no principal
 			return "", false
 		}
-		return string(b), true
-	}
-	v, err := proxywasm.GetHttpRequestHeader(a.header)
-	if err != nil {
+	} else if b, err = proxywasm.AppendHttpRequestHeader(s.value[:0], a.header); err != nil {
 		return "", false
 	}
+	s.value = b[:0]
 	switch a.source {
 	case sourcePathPrefix:
 		for _, prefix := range a.prefixes {
-			if strings.HasPrefix(v, prefix) {
+			if len(b) >= len(prefix) && string(b[:len(prefix)]) == prefix {
 				return prefix, true
 			}
 		}
 		return "", false
 	case sourceDestinationService:
-		return hostOnly(v), true
+		return p.strs.String(hostOnly(b)), true
 	}
-	return v, true
+	return p.strs.String(b), true
 }
 
 // hostOnly strips a port from an authority: "svc:8080" → "svc", "[::1]:80" → "[::1]".
-func hostOnly(authority string) string {
-	i := strings.LastIndexByte(authority, ':')
-	if i < 0 || strings.IndexByte(authority[i:], ']') >= 0 {
+func hostOnly(authority []byte) []byte {
+	i := bytes.LastIndexByte(authority, ':')
+	if i < 0 || bytes.IndexByte(authority[i:], ']') >= 0 {
 		return authority
 	}
 	for _, c := range authority[i+1:] {
@@ -220,10 +225,29 @@ func hostOnly(authority string) string {
 	return authority[:i]
 }
 
-func uitoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
+// uitoa formats a header number; the small ones, which limits, remaining counts and reset
+// times mostly are, come from a table instead of an allocation per response.
+func uitoa(n uint32) string {
+	if n < uint32(len(smallNumbers)) {
+		return smallNumbers[n]
+	}
+	return strconv.FormatUint(uint64(n), 10)
+}
+
+// smallNumbers holds the decimal strings of 0..1023. Read-only after initialisation.
+var smallNumbers = func() (t [1024]string) {
+	for i := range t {
+		t[i] = strconv.Itoa(i)
+	}
+	return t
+}()
 
 // seconds renders a duration as whole seconds rounded up, as x-ratelimit-reset and
 // retry-after want: rounding down would invite a retry that is still too early.
 func seconds(d time.Duration) string {
-	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+	n := int64((d + time.Second - 1) / time.Second)
+	if n >= 0 && n < int64(len(smallNumbers)) {
+		return smallNumbers[n]
+	}
+	return strconv.FormatInt(n, 10)
 }

@@ -116,6 +116,7 @@ import (
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/wasmesh/wasmesh/filters/internal/intern"
 	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
 	"github.com/wasmesh/wasmesh/filters/proxywasm"
 )
@@ -148,17 +149,20 @@ func (vm *vmContext) newPlugin() *pluginContext {
 }
 
 // sharedData is the ratelimit.Store over proxy-wasm shared data.
-type sharedData struct{}
+// sharedData is the limiter's store. Get reads into a buffer reused from call to call,
+// which the Store contract allows (the limiter neither keeps nor changes the value).
+type sharedData struct{ buf []byte }
 
-func (sharedData) Get(key string) ([]byte, uint32, error) {
-	v, cas, err := proxywasm.GetSharedData(key)
+func (s *sharedData) Get(key string) ([]byte, uint32, error) {
+	v, cas, err := proxywasm.AppendSharedData(s.buf[:0], key)
 	if errors.Is(err, types.ErrorStatusNotFound) {
 		return nil, 0, ratelimit.ErrNotFound
 	}
+	s.buf = v[:0]
 	return v, cas, err
 }
 
-func (sharedData) Set(key string, value []byte, cas uint32) error {
+func (*sharedData) Set(key string, value []byte, cas uint32) error {
 	err := proxywasm.SetSharedData(key, value, cas)
 	if errors.Is(err, types.ErrorStatusCasMismatch) {
 		return ratelimit.ErrCASMismatch
@@ -176,7 +180,12 @@ type pluginContext struct {
 	refresher ratelimit.Refresher // nil when the limiter keeps no state
 	loggedErr bool
 	scratch   scratch
+	// strs interns attribute values read per request (see readAttr).
+	strs *intern.Table
 }
+
+// maxInterned bounds the attribute values kept: past it, values are allocated per request.
+const maxInterned = 1024
 
 func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	data, err := proxywasm.GetPluginConfiguration()
@@ -199,13 +208,14 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	for _, d := range cfg.descriptors {
 		d.start(scope)
 	}
-	var store ratelimit.Store = sharedData{}
+	var store ratelimit.Store = &sharedData{}
 	if p.wrapStore != nil {
 		store = p.wrapStore(store)
 	}
 	shared := ratelimit.NewShared(store, cfg.casRetries)
 	p.cfg, p.limiter, p.refresher = cfg, shared, shared
 	p.scratch.init(cfg)
+	p.strs = intern.New(maxInterned)
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.tickPeriod / time.Millisecond)); err != nil {
 		// Only the stored values go stale: requests refill from the clock.
 		proxywasm.LogWarnf("quota: setting the tick period: %v", err)

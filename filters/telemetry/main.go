@@ -39,6 +39,7 @@ import (
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/wasmesh/wasmesh/filters/internal/intern"
 	"github.com/wasmesh/wasmesh/filters/proxywasm"
 )
 
@@ -98,7 +99,7 @@ type pluginContext struct {
 	// scratch receives the properties and headers read on every request; strs interns
 	// the strings kept from them (see str) and flags the response_flags texts.
 	scratch []byte
-	strs    map[string]string
+	strs    *intern.Table
 	flags   map[uint64]string
 
 	// direction is the listener direction read at configuration time, as Istio does;
@@ -148,7 +149,7 @@ func (p *pluginContext) configure(data []byte) error {
 	p.mvals = make([]int64, len(pl.metrics))
 	p.mok = make([]bool, len(pl.metrics))
 	p.reg = newRegistry(pl, hostSink{})
-	p.strs = map[string]string{}
+	p.strs = intern.New(maxInterned)
 	p.flags = map[uint64]string{}
 	p.direction, _ = p.intProperty(pathListenerDirection)
 	return nil
@@ -198,17 +199,8 @@ func (p *pluginContext) header(response bool, name string) ([]byte, bool) {
 	return b, err == nil
 }
 
-// str returns b as a string, the same one every time while the cache has room.
-func (p *pluginContext) str(b []byte) string {
-	if s, ok := p.strs[string(b)]; ok {
-		return s
-	}
-	s := string(b)
-	if len(p.strs) < maxInterned {
-		p.strs[s] = s
-	}
-	return s
-}
+// str returns b as a string, the same one every time while the table has room.
+func (p *pluginContext) str(b []byte) string { return p.strs.String(b) }
 
 // flagsText is responseFlags with its texts kept.
 func (p *pluginContext) flagsText(bits uint64) string {

@@ -126,8 +126,10 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 		err4 := proxywasm.SetSharedData("k", []byte("v3"), cas)
 		v2, _, _ := proxywasm.GetSharedData("k")
 		_, _, err5 := proxywasm.GetSharedData("nope")
+		b, cas3, err6 := proxywasm.AppendSharedData([]byte("pre:"), "k")
+		b, _, err7 := proxywasm.AppendSharedData(b, "nope")
 		h.set("x-shared", strings.Join([]string{errText(err1), string(v), errText(err2), errText(err3),
-			errText(err4), string(v2), errText(err5)}, ","))
+			errText(err4), string(v2), errText(err5), string(b), strconv.FormatBool(cas3 > cas), errText(err6), errText(err7)}, ","))
 	case "queue":
 		id, err := proxywasm.RegisterSharedQueue("q")
 		out := []string{errText(err)}

@@ -1,0 +1,31 @@
+// Package intern keeps one copy of the strings a filter reads on every request (a status
+// code, a principal, a service name), so reading them into a reused buffer and turning
+// them into strings allocates only the first time: allocation is among the dearest things
+// a Go guest does in Wasm.
+package intern
+
+// Table is a bounded set of strings. Once full it stops growing and hands out fresh
+// strings, so values an attacker controls (header values) cannot grow it without limit.
+// The zero value is not usable; use New.
+type Table struct {
+	max  int
+	strs map[string]string
+}
+
+// New returns a table holding at most max strings.
+func New(max int) *Table { return &Table{max: max, strs: map[string]string{}} }
+
+// String returns b as a string: the same string every time while the table has room.
+func (t *Table) String(b []byte) string {
+	if s, ok := t.strs[string(b)]; ok { // the conversion does not allocate
+		return s
+	}
+	s := string(b)
+	if len(t.strs) < t.max {
+		t.strs[s] = s
+	}
+	return s
+}
+
+// Len is the number of strings held.
+func (t *Table) Len() int { return len(t.strs) }
