@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -52,8 +53,12 @@ func BenchmarkRequestHeadersOnly(b *testing.B) {
 	defer p.Close(ctx)
 	req := [][2]string{{":method", "GET"}, {":path", "/"}, {":authority", "example.com"}, {"user-agent", "bench"}, {"accept", "*/*"}}
 	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
+	// The machine may be shared: beside the mean, the fastest batch of batch requests
+	// (best-ns/req) says what a request costs when nothing else runs.
+	const batch = 64
+	best := time.Duration(-1)
+	start, n := time.Now(), 0
+	for b.Loop() {
 		s, err := p.NewHTTPStream(ctx, StreamOptions{})
 		if err != nil {
 			b.Fatal(err)
@@ -64,5 +69,14 @@ func BenchmarkRequestHeadersOnly(b *testing.B) {
 		}
 		s.OnResponseHeaders(ctx, NewHeaders([2]string{":status", "200"}), true)
 		s.Finish(ctx)
+		if n++; n == batch {
+			if d := time.Since(start); best < 0 || d < best {
+				best = d
+			}
+			start, n = time.Now(), 0
+		}
+	}
+	if best > 0 {
+		b.ReportMetric(float64(best.Nanoseconds())/batch, "best-ns/req")
 	}
 }

@@ -27,9 +27,9 @@ type vm struct {
 
 	fns     map[string]api.Function
 	allocFn api.Function
-	// arity caches each export's parameter and result counts, so a call needs no
-	// definition lookups.
-	arity map[string]arity
+	// exports are the callbacks with their parameter and result counts, so a call costs
+	// one map lookup and no definition lookups.
+	exports map[string]*export
 	// stacks are the parameter/result stacks of the calls in progress, by nesting depth,
 	// reused from call to call (wazero's Call allocates one per call).
 	stacks [][]uint64
@@ -114,7 +114,7 @@ func (in *instance) startVM() (*vm, error) {
 		in: in, p: p,
 		mem:      newLimitedMemory(p.limit),
 		fns:      map[string]api.Function{},
-		arity:    map[string]arity{},
+		exports:  map[string]*export{},
 		interned: map[string]string{},
 		contexts: map[uint32]*guestContext{},
 		calls:    map[uint32]*pendingCall{},
@@ -258,7 +258,7 @@ func (v *vm) adopt(mod api.Module) {
 	}
 	for name, fn := range v.fns {
 		d := fn.Definition()
-		v.arity[name] = arity{params: len(d.ParamTypes()), results: len(d.ResultTypes())}
+		v.exports[name] = &export{fn: fn, params: len(d.ParamTypes()), results: len(d.ResultTypes())}
 	}
 	// The spec prefers proxy_on_memory_allocate and keeps malloc for older modules.
 	if v.allocFn = v.fns[fnMemoryAllocate]; v.allocFn == nil {
@@ -299,8 +299,8 @@ func (v *vm) newContextID() uint32 {
 // returns exported=false and no error (optional callbacks default to Continue, as in
 // Envoy). An error is a *Failure; the VM must then be failed by the caller.
 func (v *vm) call(vc *vmCall, name string, args ...uint64) (ret uint64, exported bool, err error) {
-	fn := v.fns[name]
-	if fn == nil {
+	e := v.exports[name]
+	if e == nil {
 		return 0, false, nil
 	}
 	if v.dead != nil {
@@ -322,20 +322,22 @@ func (v *vm) call(vc *vmCall, name string, args ...uint64) (ret uint64, exported
 	}()
 	v.mem.refused = false
 	// 0.1.0 header callbacks lack end_of_stream: extra arguments are dropped.
-	a := v.arity[name]
-	stack := v.stack(v.w.depth, max(a.params, a.results))
-	copy(stack, args[:min(len(args), a.params)])
-	if cerr := fn.CallWithStack(v.w.ctx, stack); cerr != nil {
+	stack := v.stack(v.w.depth, max(e.params, e.results))
+	copy(stack, args[:min(len(args), e.params)])
+	if cerr := e.fn.CallWithStack(v.w.ctx, stack); cerr != nil {
 		return 0, true, v.classify(name, cerr)
 	}
-	if a.results > 0 {
+	if e.results > 0 {
 		return stack[0], true, nil
 	}
 	return 1, true, nil
 }
 
-// arity is an export's parameter and result counts.
-type arity struct{ params, results int }
+// export is a guest callback and its parameter and result counts.
+type export struct {
+	fn              api.Function
+	params, results int
+}
 
 // stack returns the reusable call stack for a call at depth, of at least n values.
 func (v *vm) stack(depth, n int) []uint64 {

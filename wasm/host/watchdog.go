@@ -10,10 +10,11 @@ import (
 )
 
 // The callback deadline. Wrapping every callback in context.WithTimeout costs a context
-// and a runtime timer per call, more than a small guest's whole callback; instead each VM
-// keeps one cancellable context for its life, each outermost callback records when it
-// started, and one watchdog goroutine per plugin cancels the context of a VM whose callback
-// has run past the deadline. The guest stops at its next loop header, through the interrupt
+// and a runtime timer per call, more than a small guest's whole callback, and even reading
+// the clock twice per callback shows; instead each VM keeps one cancellable context for
+// its life, each outermost callback bumps a counter (odd while it runs), and one watchdog
+// goroutine per plugin, which looks a few times per deadline, cancels the context of a VM
+// it has seen busy in the same callback for longer than the deadline. The guest stops at its next loop header, through the interrupt
 // global the host added to the module (see package interrupt), which a context.AfterFunc
 // sets when the VM's context ends; modules without it run with wazero's
 // close-on-context-done, which has the same effect. The callback fails with FailureTimeout.
@@ -24,19 +25,13 @@ var ErrCallbackTimeout = errors.New("wasm host: callback ran past the plugin's d
 // vmKey finds the VM of a call from the context host functions receive.
 type vmKey struct{}
 
-// epoch is the origin of the monotonic timestamps in vm.busySince.
-var epoch = time.Now()
-
-func monotonic() int64 { return int64(time.Since(epoch)) + 1 }
-
 // watch holds a VM's call context and deadline bookkeeping.
 type watch struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// busySince is when the outermost running callback started (monotonic ns), 0 when the
-	// VM is idle.
-	busySince atomic.Int64
-	depth     int
+	// calls counts outermost callbacks begun and ended: odd while one runs.
+	calls atomic.Uint64
+	depth int
 
 	// global is the module's interrupt global once the module is instantiated; stopped
 	// records that it was set.
@@ -78,7 +73,7 @@ func (w *watch) interrupted() bool { return w.stopped.Load() || w.ctx.Err() != n
 // back into the guest, such as proxy_on_memory_allocate) share the outermost one's deadline.
 func (w *watch) begin() {
 	if w.depth == 0 {
-		w.busySince.Store(monotonic())
+		w.calls.Add(1)
 	}
 	w.depth++
 }
@@ -86,30 +81,46 @@ func (w *watch) begin() {
 func (w *watch) end() {
 	w.depth--
 	if w.depth == 0 {
-		w.busySince.Store(0)
+		w.calls.Add(1)
 	}
 }
 
 // watchdog cancels the VMs of p whose callback has run longer than the deadline, until the
-// plugin closes. It checks a few times per deadline, so a runaway guest is stopped within
-// about 1.25 times the deadline.
+// plugin closes. It checks eight times per deadline and times a callback from the first
+// check that sees it, so a runaway guest is stopped within about 1.25 times the deadline.
 func (p *Plugin) watchdog() {
 	every := min(max(p.timeout/8, time.Millisecond), 250*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	// seen is, per instance, the busy callback last seen and when it was first seen.
+	type sighting struct {
+		w     *watch
+		calls uint64
+		since time.Time
+	}
+	seen := make([]sighting, len(p.instances))
 	for {
+		var now time.Time
 		select {
 		case <-p.ctx.Done():
 			return
-		case <-t.C:
+		case now = <-t.C:
 		}
-		now := monotonic()
-		for _, in := range p.instances {
+		for i, in := range p.instances {
 			w := in.watched.Load()
 			if w == nil {
 				continue
 			}
-			if since := w.busySince.Load(); since > 0 && time.Duration(now-since) > p.timeout {
+			calls := w.calls.Load()
+			s := &seen[i]
+			switch {
+			case calls%2 == 0: // idle
+				*s = sighting{}
+			case s.w != w || s.calls != calls: // a callback not seen before
+				*s = sighting{w: w, calls: calls, since: now}
+			case now.Sub(s.since) > p.timeout:
+				// It started before it was first seen (by up to a tick), so it has run
+				// past the deadline, by up to two ticks.
 				w.cancel(ErrCallbackTimeout)
 			}
 		}
