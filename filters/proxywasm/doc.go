@@ -25,6 +25,15 @@
 // reachable until the guest reads it (see internal/hostmem). The SDK v0.24.0 has no
 // foreign-function callback in its types, so proxy_on_foreign_function is not exported.
 //
+// Allocation is dear in a standard-Go Wasm guest (a small allocation costs about as much as
+// a host call), so the wasip1 layer hands host call results over through a reused arena
+// rather than a heap allocation each, and the package adds, in every build, a few calls
+// that are not in the SDK for filters' hot paths: AppendProperty, AppendHttpRequestHeader,
+// AppendHttpResponseHeader and AppendSharedData read into a caller's buffer instead of
+// allocating their result. The wasip1 build also sets the garbage collector's target to 25%
+// (GOGC, which a guest cannot get from its environment), which keeps each instance's heap
+// near 1 MiB rather than 4 MiB.
+//
 // Code runs only inside callbacks: once a callback returns to the host, no goroutine
 // runs until the next one, so filters must not start goroutines or wait on timers.
 //

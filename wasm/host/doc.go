@@ -15,6 +15,12 @@
 // a fresh one. Shared data and shared queues live in the Runtime, keyed by vm_id as in Envoy,
 // so they survive the replacement.
 //
+// A callback that overruns its deadline is stopped without help from wazero: on compile the
+// host adds a stop flag and a check at every loop header to the module (see
+// internal/interrupt), which also lets the Go scheduler preempt a long-running guest; only
+// modules the check cannot be added to, and interpreter mode, use wazero's slower
+// close-on-context-done.
+//
 // The embedder plugs in through Environment (clock, logger, HTTP call dispatcher,
 // process-level properties such as node.*, foreign functions) and through the per-stream
 // StreamInfo and Headers it passes to the stream callbacks.
