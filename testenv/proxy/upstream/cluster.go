@@ -70,6 +70,8 @@ type ClusterStats struct {
 	UpdateSuccess, UpdateEmpty, LBHealthyPanic                *stats.Counter
 	UpstreamCxNoneHealthy                                     *stats.Counter
 	scope                                                     stats.Scope
+	codes                                                     [500]atomic.Pointer[stats.Counter]
+	classes                                                   [6]atomic.Pointer[stats.Counter]
 }
 
 func newClusterStats(sc stats.Scope) *ClusterStats {
@@ -117,10 +119,39 @@ func (s *ClusterStats) Scope() stats.Scope { return s.scope }
 func (s *ClusterStats) RecordResponse(code int, d time.Duration) {
 	s.UpstreamRqCompleted.Inc()
 	if code > 0 {
-		s.scope.Counter("upstream_rq_" + strconv.Itoa(code)).Inc()
-		s.scope.Counter("upstream_rq_" + strconv.Itoa(code/100) + "xx").Inc()
+		s.codeCounter(code).Inc()
+		if c := code / 100; c >= 1 && c <= 5 {
+			s.classCounter(c).Inc()
+		} else {
+			s.scope.Counter("upstream_rq_" + strconv.Itoa(c) + "xx").Inc()
+		}
 	}
 	s.UpstreamRqTime.Record(float64(d.Microseconds()) / 1000)
+}
+
+// codeCounter is upstream_rq_<code>, looked up once per code (a request must not pay a
+// name lookup).
+func (s *ClusterStats) codeCounter(code int) *stats.Counter {
+	if code < 100 || code > 599 {
+		return s.scope.Counter("upstream_rq_" + strconv.Itoa(code))
+	}
+	p := &s.codes[code-100]
+	if c := p.Load(); c != nil {
+		return c
+	}
+	c := s.scope.Counter("upstream_rq_" + strconv.Itoa(code))
+	p.Store(c)
+	return c
+}
+
+func (s *ClusterStats) classCounter(class int) *stats.Counter {
+	p := &s.classes[class]
+	if c := p.Load(); c != nil {
+		return c
+	}
+	c := s.scope.Counter("upstream_rq_" + strconv.Itoa(class) + "xx")
+	p.Store(c)
+	return c
 }
 
 // RecordRetriedResponse counts the response of an attempt that was retried: Envoy charges
@@ -154,7 +185,7 @@ type Cluster struct {
 	ids      atomic.Uint64
 
 	connectTimeout time.Duration
-	h1             *http.Transport
+	h1             *h1Pool
 	h2             *http2.Transport
 	cxMu           sync.Mutex
 	conns          map[*countedConn]struct{}
@@ -171,9 +202,25 @@ func (c *Cluster) Hosts() *HostSet {
 // SetHosts replaces the hosts (keeping the per-address state of hosts that stay) and
 // updates the membership gauges.
 func (c *Cluster) SetHosts(hs *HostSet) {
-	hs.adopt(c.hosts.Load())
+	old := c.hosts.Load()
+	hs.adopt(old)
 	c.hosts.Store(hs)
 	c.HealthChanged()
+	present := make(map[string]bool, len(hs.All))
+	for _, h := range hs.All {
+		present[h.Address] = true
+	}
+	c.h1.setHosts(present)
+	if old != nil {
+		for _, h := range old.All {
+			if !present[h.Address] {
+				// A host left: drop pooled HTTP/2 connections too (net/http's pool is not
+				// per host, so this closes every idle one; busy ones finish).
+				c.h2.CloseIdleConnections()
+				break
+			}
+		}
+	}
 }
 
 func (c *Cluster) updateMembership() {
@@ -282,12 +329,12 @@ func (c *Cluster) RoundTrip(req *http.Request, h *Host, downstreamHTTP2 bool) (*
 	if c.UsesHTTP2(downstreamHTTP2) {
 		return c.h2.RoundTrip(req)
 	}
-	return c.h1.RoundTrip(req)
+	return c.h1.roundTrip(req, h.Address)
 }
 
 // Close drops the cluster's idle connections (a removed or replaced cluster).
 func (c *Cluster) Close() {
-	c.h1.CloseIdleConnections()
+	c.h1.closeIdle()
 	c.h2.CloseIdleConnections()
 }
 
@@ -372,15 +419,7 @@ func newCluster(cfg *clusterv3.Cluster, version string, sc stats.Scope, lb LoadB
 	if opts := httpOptions(cfg); opts != nil && opts.GetCommonHttpProtocolOptions().GetIdleTimeout() != nil {
 		idle = opts.GetCommonHttpProtocolOptions().GetIdleTimeout().AsDuration()
 	}
-	c.h1 = &http.Transport{
-		DialContext:           func(ctx context.Context, n, a string) (net.Conn, error) { return c.dial(ctx, n, a, false) },
-		MaxIdleConns:          0,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       idle,
-		DisableCompression:    true,
-		ResponseHeaderTimeout: 0,
-		ForceAttemptHTTP2:     false,
-	}
+	c.h1 = newH1Pool(c, idle)
 	c.h2 = &http2.Transport{
 		AllowHTTP: true,
 		DialTLSContext: func(ctx context.Context, n, a string, _ *tls.Config) (net.Conn, error) {
