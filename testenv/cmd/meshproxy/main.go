@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -49,6 +50,10 @@ func newCommand() *cobra.Command {
 				fmt.Fprintln(cmd.ErrOrStderr(), err)
 				return err
 			}
+			if o.ContentionProfiling {
+				runtime.SetBlockProfileRate(10000) // one event per 10µs blocked
+				runtime.SetMutexProfileFraction(10)
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			if err := server.Run(ctx, o); err != nil {
@@ -73,6 +78,7 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.ComponentLogLevel, "component-log-level", "", "per component levels: upstream:debug,connection:trace")
 	f.IntVar(&o.Concurrency, "concurrency", 0, "worker count (Wasm VM instances per plugin); 0: number of CPUs")
 	f.StringVar(&o.AdminAddressPath, "admin-address-path", "", "write the bound admin address to this file")
+	f.BoolVar(&o.ContentionProfiling, "contention-profiling", false, "record block and mutex profiles for /debug/pprof")
 	f.StringVar(&o.LocalAddressIPVersion, "local-address-ip-version", "v4", "v4 or v6")
 	return cmd
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"regexp"
 	"sort"
 	"strings"
@@ -118,6 +119,12 @@ func (s *Server) routes() {
 		ok(w)
 	}))
 	s.mux.HandleFunc("/logging", s.logging)
+	// Go's profiles, meshproxy's counterpart of Envoy's /cpuprofiler and /heapprofiler;
+	// block and mutex profiles need --contention-profiling.
+	s.mux.HandleFunc("/debug/pprof/", pprof.Index)
+	s.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	s.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	s.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	s.mux.HandleFunc("/quitquitquit", post(func(w http.ResponseWriter, _ *http.Request) {
 		ok(w)
 		if f, isF := w.(http.Flusher); isF {

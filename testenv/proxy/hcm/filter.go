@@ -174,6 +174,43 @@ type Context struct {
 	Drain     drain.Any
 	// AccessLog is where access logs with a stdout/stderr sink go (nil: os.Stdout).
 	AccessLog io.Writer
+	// Buffers are the body buffers of the process (nil: allocate).
+	Buffers *BufferPool
+}
+
+// BodyBufferSize is the size of the buffers response and request bodies move through.
+const BodyBufferSize = 16 * 1024
+
+// BufferPool hands out body buffers of BodyBufferSize. Unlike sync.Pool it keeps them
+// across garbage collections, which a proxy moving bodies all the time would otherwise
+// refill after each.
+type BufferPool struct{ free chan *[]byte }
+
+// NewBufferPool keeps up to n free buffers.
+func NewBufferPool(n int) *BufferPool { return &BufferPool{free: make(chan *[]byte, n)} }
+
+// Get returns a buffer.
+func (p *BufferPool) Get() *[]byte {
+	if p != nil {
+		select {
+		case b := <-p.free:
+			return b
+		default:
+		}
+	}
+	b := make([]byte, BodyBufferSize)
+	return &b
+}
+
+// Put returns a buffer no longer in use.
+func (p *BufferPool) Put(b *[]byte) {
+	if p == nil || b == nil {
+		return
+	}
+	select {
+	case p.free <- b:
+	default:
+	}
 }
 
 // Response is the response a stream sends: the upstream's or a local reply.

@@ -65,11 +65,14 @@ type hcmStats struct {
 	cxTotal, cxDestroy, cxHTTP1Total, cxHTTP2Total, cxDrainClose, rqRxReset   *stats.Counter
 	rqActive, cxActive, cxHTTP1Active, cxHTTP2Active                          *stats.Gauge
 	rqTime                                                                    *stats.Histogram
+	rqClass                                                                   [6]*stats.Counter
 	scope                                                                     stats.Scope
 }
 
 type listenerStats struct {
-	scope stats.Scope
+	scope       stats.Scope
+	rqClass     [6]*stats.Counter // downstream_rq_<n>xx by n
+	rqCompleted *stats.Counter
 }
 
 // New builds a connection manager from its proto. Route names and ECDS names it needs
@@ -154,6 +157,11 @@ func New(ctx *Context, p *hcmv3.HttpConnectionManager) (*Manager, error) {
 		rqTime: sc.Histogram("downstream_rq_time"),
 	}
 	m.lst = listenerStats{scope: ctx.Store.Scope(ctx.Listener.StatPrefix + ".http." + p.GetStatPrefix())}
+	m.lst.rqCompleted = m.lst.scope.Counter("downstream_rq_completed")
+	for c := 1; c <= 5; c++ {
+		name := "downstream_rq_" + strconv.Itoa(c) + "xx"
+		m.st.rqClass[c], m.lst.rqClass[c] = sc.Counter(name), m.lst.scope.Counter(name)
+	}
 	return m, nil
 }
 
@@ -362,10 +370,11 @@ func (m *Manager) recordStats(snap streaminfo.Snapshot) {
 	m.st.rqCompleted.Inc()
 	m.st.rqTime.Record(float64(snap.Duration.Microseconds()) / 1000)
 	if snap.Code > 0 {
-		class := "downstream_rq_" + strconv.Itoa(snap.Code/100) + "xx"
-		m.st.scope.Counter(class).Inc()
-		m.lst.scope.Counter(class).Inc()
-		m.lst.scope.Counter("downstream_rq_completed").Inc()
+		if c := snap.Code / 100; c >= 1 && c <= 5 {
+			m.st.rqClass[c].Inc()
+			m.lst.rqClass[c].Inc()
+		}
+		m.lst.rqCompleted.Inc()
 	}
 	if snap.Flags&streaminfo.NoRouteFound != 0 {
 		m.st.noRoute.Inc()
@@ -484,7 +493,7 @@ func (m *Manager) writeResponse(w http.ResponseWriter, r *http.Request, s *Strea
 	w.WriteHeader(code)
 	var sent uint64
 	if resp.Body != nil {
-		n, err := copyFlush(w, resp.Body)
+		n, err := copyFlush(w, resp.Body, m.ctx.Buffers)
 		sent = uint64(n)
 		_ = resp.Body.Close()
 		if err != nil {
@@ -518,9 +527,11 @@ func (e *writeError) Error() string { return e.err.Error() }
 
 // copyFlush streams body to w, flushing after every read so streaming responses (gRPC,
 // server-sent events) reach the client as they arrive.
-func copyFlush(w http.ResponseWriter, body io.Reader) (int64, error) {
+func copyFlush(w http.ResponseWriter, body io.Reader, bufs *BufferPool) (int64, error) {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32*1024)
+	bp := bufs.Get()
+	defer bufs.Put(bp)
+	buf := *bp
 	var total int64
 	for {
 		n, err := body.Read(buf)
@@ -542,11 +553,14 @@ func copyFlush(w http.ResponseWriter, body io.Reader) (int64, error) {
 	}
 }
 
+var hopHeaders = [...]string{"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer"}
+
 // hopHeader reports the hop-by-hop headers a proxy never forwards.
 func hopHeader(k string) bool {
-	switch strings.ToLower(k) {
-	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer":
-		return true
+	for _, h := range hopHeaders {
+		if len(k) == len(h) && strings.EqualFold(k, h) {
+			return true
+		}
 	}
 	return false
 }

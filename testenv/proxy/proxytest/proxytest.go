@@ -275,3 +275,26 @@ func (p *Proxy) Stat(name string) int64 {
 	}
 	return -1
 }
+
+// CPUTime is the CPU time (user and system) the process has used so far, from
+// /proc/<pid>/stat; 0 where /proc is not available.
+func (p *Proxy) CPUTime() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name, which is in parentheses and may hold spaces.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		s = s[i+1:]
+	}
+	f := strings.Fields(s)
+	if len(f) < 13 {
+		return 0
+	}
+	var utime, stime int64
+	_, _ = fmt.Sscan(f[11], &utime)
+	_, _ = fmt.Sscan(f[12], &stime)
+	// Clock ticks are 100 per second on Linux (USER_HZ).
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}

@@ -672,6 +672,10 @@ func (f *filter) upstreamRequest(s *hcm.Stream, rt *route.Route, wc *route.Weigh
 	r := s.Request
 	out := r.Clone(s.Context())
 	out.RequestURI = ""
+	// Connection handling is per hop, and the proxy answers Expect: 100-continue itself
+	// (Envoy's default).
+	out.Close = false
+	out.Header.Del("Expect")
 	for k := range out.Header {
 		if hcm.HopHeader(k) {
 			out.Header.Del(k)

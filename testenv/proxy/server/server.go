@@ -37,19 +37,21 @@ import (
 
 // Options are the command-line options (Envoy's).
 type Options struct {
-	ConfigPath            string
-	ConfigYAML            string
-	Mode                  string // "serve" or "validate"
-	RestartEpoch          int
-	DrainTime             time.Duration
-	ParentShutdownTime    time.Duration
-	DrainStrategy         string
-	ServiceCluster        string
-	ServiceNode           string
-	BaseID                uint64
-	LogLevel              string
-	ComponentLogLevel     string
-	Concurrency           int
+	ConfigPath         string
+	ConfigYAML         string
+	Mode               string // "serve" or "validate"
+	RestartEpoch       int
+	DrainTime          time.Duration
+	ParentShutdownTime time.Duration
+	DrainStrategy      string
+	ServiceCluster     string
+	ServiceNode        string
+	BaseID             uint64
+	LogLevel           string
+	ComponentLogLevel  string
+	Concurrency        int
+	// ContentionProfiling turns on Go's block and mutex profiles (/debug/pprof/block, /mutex).
+	ContentionProfiling   bool
 	LocalAddressIPVersion string
 	AdminAddressPath      string
 	// Stdout receives access logs written to /dev/stdout; Stderr the proxy's logs.
@@ -74,6 +76,7 @@ type Server struct {
 
 	clusters  *upstream.Manager
 	listeners *listener.Manager
+	buffers   *hcm.BufferPool
 	registry  *hcm.Registry
 	admin     *admin.Server
 	adminLis  net.Listener
@@ -206,7 +209,7 @@ func New(parent context.Context, o Options, exts ...Extension) (*Server, error) 
 		return nil, fmt.Errorf("--drain-strategy %q: want gradual or immediate", o.DrainStrategy)
 	}
 	ctx, cancel := context.WithCancel(parent)
-	s := &Server{opts: o, boot: b, loggers: loggers, log: loggers.For("main"),
+	s := &Server{opts: o, boot: b, loggers: loggers, log: loggers.For("main"), buffers: hcm.NewBufferPool(1024),
 		store:       stats.NewStore(tags, matcher),
 		registry:    hcm.NewRegistry(),
 		serverDrain: drain.New(strategy, o.DrainTime), inboundDrain: drain.New(strategy, o.DrainTime),
@@ -286,7 +289,7 @@ func (s *Server) listenerDeps() listener.Deps {
 		MaxConns: maxConnections(s.boot), DrainTime: s.opts.DrainTime,
 		HCM: func(li hcm.ListenerInfo, drainers drain.Any) *hcm.Context {
 			return &hcm.Context{Store: s.store, Clusters: s.clusters, Log: s.loggers.For("http"), Registry: s.registry,
-				Providers: s, Listener: li, Drain: drainers, AccessLog: s.opts.Stdout}
+				Providers: s, Listener: li, Drain: drainers, AccessLog: s.opts.Stdout, Buffers: s.buffers}
 		}}
 	if s.hotParent != nil {
 		d.Sockets = s.hotParent

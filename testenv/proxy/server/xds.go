@@ -217,5 +217,5 @@ func (s *Server) Names(t string) []string {
 // listener that names the filter.
 func (s *Server) filterContext() *hcm.Context {
 	return &hcm.Context{Store: s.store, Clusters: s.clusters, Log: s.loggers.For("http"), Registry: s.registry,
-		Providers: s, AccessLog: s.opts.Stdout}
+		Providers: s, AccessLog: s.opts.Stdout, Buffers: s.buffers}
 }

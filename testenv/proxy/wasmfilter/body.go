@@ -11,9 +11,8 @@ import (
 	"github.com/wasmesh/wasmesh/wasm/host"
 )
 
-// chunkSize is how much body one read takes (and so the size of the chunks the guest
-// sees).
-const chunkSize = 32 * 1024
+// chunkSize is how much body one read of the goroutine reader takes.
+const chunkSize = hcm.BodyBufferSize
 
 var (
 	errResponseReset = errors.New("response reset by a wasm filter")
@@ -33,6 +32,16 @@ type chunkSource struct {
 	r     io.Reader
 	ch    chan chunk
 	ended bool
+	bufs  *hcm.BufferPool
+	buf   *[]byte // the direct reads' buffer, reused: a chunk is consumed before the next
+}
+
+// release gives the read buffer back once the body is over and its last chunk consumed.
+func (c *chunkSource) release() {
+	if c.buf != nil {
+		c.bufs.Put(c.buf)
+		c.buf = nil
+	}
 }
 
 func (c *chunkSource) next(ctx context.Context) chunk {
@@ -55,7 +64,10 @@ func (c *chunkSource) next(ctx context.Context) chunk {
 			return chunk{err: ctx.Err()}
 		}
 	}
-	buf := make([]byte, chunkSize)
+	if c.buf == nil {
+		c.buf = c.bufs.Get()
+	}
+	buf := *c.buf
 	n, err := c.r.Read(buf)
 	ch := chunk{data: buf[:n]}
 	switch {
@@ -257,6 +269,9 @@ func (b *bodyFilter) Read(p []byte) (int, error) {
 	}
 	n := copy(p, b.pending)
 	b.pending = b.pending[n:]
+	if len(b.pending) == 0 && b.done {
+		b.src.release()
+	}
 	return n, nil
 }
 

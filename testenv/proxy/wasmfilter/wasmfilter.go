@@ -113,7 +113,7 @@ func (m *Manager) external() []stats.ExternalStat {
 
 // Factory builds the filter config of an envoy.filters.http.wasm filter. A module that
 // cannot be fetched, compiled, started or configured is an error (the resource is NACKed).
-func (m *Manager) Factory(_ *hcm.Context, name string, a *anypb.Any) (hcm.FilterConfig, error) {
+func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.FilterConfig, error) {
 	w := &wasmhttpv3.Wasm{}
 	if err := a.UnmarshalTo(w); err != nil {
 		return nil, err
@@ -175,7 +175,7 @@ func (m *Manager) Factory(_ *hcm.Context, name string, a *anypb.Any) (hcm.Filter
 		}
 	}
 	sc := m.opts.Store.Scope("wasm." + pluginName)
-	return &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams")}, nil
+	return &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams"), bufs: hctx.Buffers}, nil
 }
 
 // bytesOf reads a plugin or VM configuration: StringValue or BytesValue (Istio sends
@@ -338,6 +338,7 @@ type Config struct {
 	plugin   *host.Plugin
 	failOpen bool
 	failures *stats.Counter
+	bufs     *hcm.BufferPool
 }
 
 // Plugin is the plugin behind the config.
@@ -500,7 +501,7 @@ func (f *filter) DecodeHeaders(s *hcm.Stream) hcm.Status {
 	var prefix []byte
 	if hasBody && res.Action == host.Pause && res.Failure == nil && res.LocalResponse == nil {
 		// Paused headers with a body on its way: the body keeps coming to the filter.
-		src = &chunkSource{r: s.Request.Body}
+		src = &chunkSource{r: s.Request.Body, bufs: f.cfg.bufs}
 		body, out := f.pausedWithBody(s, src, f.requestDir())
 		switch out {
 		case waitAnswered:
@@ -523,7 +524,7 @@ func (f *filter) DecodeHeaders(s *hcm.Stream) hcm.Status {
 	}
 	if hasBody {
 		if src == nil {
-			src = &chunkSource{r: s.Request.Body}
+			src = &chunkSource{r: s.Request.Body, bufs: f.cfg.bufs}
 		}
 		s.Request.Body = &bodyFilter{f: f, s: s, src: src, dir: f.requestDir(), closer: s.Request.Body,
 			pending: prefix, done: src.ended}
@@ -575,7 +576,7 @@ func (f *filter) EncodeHeaders(s *hcm.Stream) hcm.Status {
 	var prefix []byte
 	if res.Action == host.Pause {
 		if upstreamBody != nil {
-			src = &chunkSource{r: upstreamBody}
+			src = &chunkSource{r: upstreamBody, bufs: f.cfg.bufs}
 			body, out := f.pausedWithBody(s, src, f.responseDir())
 			switch out {
 			case waitAnswered:
@@ -613,7 +614,7 @@ func (f *filter) EncodeHeaders(s *hcm.Stream) hcm.Status {
 	s.Response.Header = out
 	if upstreamBody != nil {
 		if src == nil {
-			src = &chunkSource{r: upstreamBody}
+			src = &chunkSource{r: upstreamBody, bufs: f.cfg.bufs}
 		}
 		trailers := s.Response.Trailer
 		bf := &bodyFilter{f: f, s: s, src: src, dir: f.responseDir(), closer: upstreamBody, pending: prefix, done: src.ended}
