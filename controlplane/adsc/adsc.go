@@ -76,8 +76,13 @@ type Client struct {
 	err       error
 	done      chan struct{}
 
-	sendMu sync.Mutex
-	send   func(typ string, nonce, version string, names []string, sub, unsub []string, errMsg string) error
+	send func(typ string, nonce, version string, names []string, sub, unsub []string, errMsg string) error
+	// Requests go out through a queue drained by their own goroutine, as Envoy never stops
+	// reading responses to write a request: a reader blocked on a full send window while the
+	// server is blocked sending to it would deadlock the stream.
+	outMu   sync.Mutex
+	out     []func() error
+	outWake chan struct{}
 }
 
 // entry is what the client keeps of one resource.
@@ -110,7 +115,7 @@ func (f *followed) list() []string {
 func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, resources: map[string]map[string]*entry{}, nonces: map[string]string{},
 		follows: map[string]*followed{EndpointType: {names: map[string]bool{}}, RouteType: {names: map[string]bool{}}},
-		changed: make(chan struct{}), done: make(chan struct{})}
+		changed: make(chan struct{}), done: make(chan struct{}), outWake: make(chan struct{}, 1)}
 	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
 	codec := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
 	if cfg.Delta {
@@ -148,19 +153,43 @@ func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Clie
 		}
 		go c.run(func() error { return c.recv(stream, false) })
 	}
-	if err := c.request(ClusterType, "", "", nil, nil, nil, ""); err != nil {
-		return nil, err
-	}
-	if err := c.request(ListenerType, "", "", nil, nil, nil, ""); err != nil {
-		return nil, err
-	}
+	go c.sender()
+	_ = c.request(ClusterType, "", "", nil, nil, nil, "")
+	_ = c.request(ListenerType, "", "", nil, nil, nil, "")
 	return c, nil
 }
 
+// request queues a request; it never blocks. A send error ends the sender; the stream's
+// receive side reports the broken stream.
 func (c *Client) request(typ, nonce, version string, names, sub, unsub []string, errMsg string) error {
-	c.sendMu.Lock()
-	defer c.sendMu.Unlock()
-	return c.send(typ, nonce, version, names, sub, unsub, errMsg)
+	c.outMu.Lock()
+	c.out = append(c.out, func() error { return c.send(typ, nonce, version, names, sub, unsub, errMsg) })
+	c.outMu.Unlock()
+	select {
+	case c.outWake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// sender writes queued requests in order until the stream ends.
+func (c *Client) sender() {
+	for {
+		select {
+		case <-c.outWake:
+		case <-c.done:
+			return
+		}
+		c.outMu.Lock()
+		batch := c.out
+		c.out = nil
+		c.outMu.Unlock()
+		for _, send := range batch {
+			if send() != nil {
+				return
+			}
+		}
+	}
 }
 
 func (c *Client) run(loop func() error) {

@@ -71,7 +71,11 @@ func start(t *testing.T, files map[string]string, tune func(*discovery.Options))
 	if tune != nil {
 		tune(&opts)
 	}
-	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var logOut io.Writer = io.Discard
+	if os.Getenv("WASMESH_TEST_LOG") != "" {
+		logOut = os.Stderr // to debug a test: the server's own account
+	}
+	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -331,7 +335,8 @@ func TestSlowClientIsCutWhileOthersAreServed(t *testing.T) {
 			"spec: {hosts: [service-with-a-long-name-%d.load.svc.cluster.local], resolution: STATIC, ports: [{number: 8080, name: http}], endpoints: [{address: 10.9.%d.%d}]}\n", i, i, i/250, i%250)
 	}
 	e := start(t, map[string]string{"services.yaml": services, "load.yaml": b.String()}, func(o *discovery.Options) {
-		o.Server.SendTimeout = 300 * time.Millisecond
+		// Long enough for a reader on a loaded machine, short for one that never reads.
+		o.Server.SendTimeout = 2 * time.Second
 	})
 	// The slow client asks for clusters and never reads.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -39,7 +39,7 @@ func TestMeshConfigChangeIsAFullPush(t *testing.T) {
 }
 
 func TestDeltaReconnectSkipsResourcesTheProxyHas(t *testing.T) {
-	e := start(t, map[string]string{"services.yaml": services}, nil)
+	e := start(t, map[string]string{"services.yaml": services}, func(o *discovery.Options) { o.Server.ReconnectWindow = 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ads := discoverypb.NewAggregatedDiscoveryServiceClient(e.cc)
@@ -148,4 +148,36 @@ func TestResumingProxyStaysHealthyUntilItsAgentReports(t *testing.T) {
 		return c.Resource(adsc.EndpointType, backendCluster, &cla) && len(cla.GetEndpoints()) == 1 &&
 			cla.GetEndpoints()[0].GetLbEndpoints()[0].GetHealthStatus().String() == "HEALTHY"
 	})
+}
+
+// After a restart, a proxy that resumes with its config gets no update until the reconnect
+// window ends (the registry is still filling up), then everything; a fresh proxy is served
+// at once.
+func TestResumingProxyIsHeldForTheReconnectWindow(t *testing.T) {
+	e := start(t, map[string]string{"services.yaml": services}, func(o *discovery.Options) { o.Server.ReconnectWindow = 500 * time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ads := discoverypb.NewAggregatedDiscoveryServiceClient(e.cc)
+	resumed, err := ads.StreamAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, resumed.Send(&discoverypb.DiscoveryRequest{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1"),
+		TypeUrl: adsc.ClusterType, VersionInfo: "from-the-previous-discovery"}))
+	got := make(chan time.Time, 1)
+	go func() {
+		if _, err := resumed.Recv(); err == nil {
+			got <- time.Now()
+		}
+	}()
+	fresh := e.connect(adsc.Config{Node: node(t, "backend-1", "backend", "127.10.0.2", "127.20.0.2")})
+	wait(t, fresh, has(adsc.ClusterType, frontendCluster, backendCluster))
+	select {
+	case <-got:
+		t.Fatal("the resumed proxy got an update inside the reconnect window")
+	default:
+	}
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the resumed proxy got nothing after the reconnect window")
+	}
 }

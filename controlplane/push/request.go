@@ -20,6 +20,7 @@ const (
 	ReasonProxy      = "proxyrequest"
 	ReasonUnknown    = "unknown"
 	ReasonDebugForce = "debug"
+	ReasonReconnect  = "reconnect"
 )
 
 // Request says what changed. A full request rebuilds every resource type; an endpoints-only

@@ -305,6 +305,9 @@ func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req)
 		return err
 	}
 	c.resumed = resumed(first)
+	if c.resumed && s.inReconnectWindow() {
+		s.log.Info("proxy resumed with its config; holding updates until the reconnect window ends", "conn", c.ID)
+	}
 	s.addConnection(c)
 	defer s.closeConnection(c)
 
@@ -384,3 +387,6 @@ func (s *Server) serveHealth(node *core.Node, first healthReport, recv func() (h
 		}
 	}
 }
+
+// held reports whether the connection gets no updates yet (see Options.ReconnectWindow).
+func (c *Connection) held() bool { return c.resumed && c.srv.inReconnectWindow() }

@@ -131,6 +131,9 @@ func (c *Connection) sendDeltaChanged(stream discovery.AggregatedDiscoveryServic
 }
 
 func (c *Connection) sendDeltaItems(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, items []*xds.Resource, removed []string, known *xds.Resources) error {
+	if c.held() {
+		return nil // nothing recorded as sent: the push after the window sends it all
+	}
 	start := time.Now()
 	nonce := c.srv.nextNonce()
 	resp := xds.EncodeDelta(snap.Version, typ, nonce, known, items, removed)

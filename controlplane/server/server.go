@@ -43,6 +43,12 @@ type Options struct {
 	ConnectRate  float64
 	ConnectBurst int
 	ConnectWait  time.Duration
+	// ReconnectWindow: for this long after start, a proxy that resumes with config it
+	// already had (discovery restarted under it) gets no updates. Its registry is rebuilt
+	// from the proxies reconnecting, so an early update would lack the endpoints of those
+	// not back yet; on its last config the proxy keeps serving. Fresh proxies are served at
+	// once. At the end of the window everyone is brought up to date.
+	ReconnectWindow time.Duration
 }
 
 // Defaults returns istiod's defaults.
@@ -54,6 +60,8 @@ func Defaults() Options {
 		ConnectRate:  100,
 		ConnectBurst: 200,
 		ConnectWait:  10 * time.Second,
+
+		ReconnectWindow: 10 * time.Second,
 	}
 }
 
@@ -110,6 +118,9 @@ type Server struct {
 	mu     sync.RWMutex
 	conns  map[string]*Connection
 	status PushStatus
+
+	// holdUntil ends the reconnect window (see Options.ReconnectWindow).
+	holdUntil atomic.Pointer[time.Time]
 
 	// stop is closed when Run's context ends: connection loops and blocked updates return.
 	stop     chan struct{}
@@ -182,9 +193,25 @@ func (s *Server) Status() PushStatus {
 
 // Run builds the initial snapshot and runs the debouncer and push workers until ctx ends.
 func (s *Server) Run(ctx context.Context) {
+	until := time.Now().Add(s.opts.ReconnectWindow)
+	s.holdUntil.Store(&until)
 	s.build(push.NewFull(push.ReasonUnknown))
 	s.ready.Store(true)
 	var wg sync.WaitGroup
+	if s.opts.ReconnectWindow > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTimer(s.opts.ReconnectWindow)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				// Bring the proxies held in the window up to date.
+				s.ConfigUpdate(push.NewFull(push.ReasonReconnect))
+			case <-ctx.Done():
+			}
+		}()
+	}
 	for i := 0; i < s.opts.PushThrottle; i++ {
 		wg.Add(1)
 		go func() {
@@ -387,4 +414,10 @@ func Serve(ctx context.Context, g *grpc.Server, lis net.Listener, grace time.Dur
 
 func (s *Server) nextNonce() string {
 	return fmt.Sprintf("%x", s.nonceSeq.Add(1))
+}
+
+// inReconnectWindow reports whether resuming proxies are still held.
+func (s *Server) inReconnectWindow() bool {
+	until := s.holdUntil.Load()
+	return until != nil && time.Now().Before(*until)
 }

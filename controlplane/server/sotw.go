@@ -166,6 +166,9 @@ func (c *Connection) sendSotwAll(stream discovery.AggregatedDiscoveryService_Str
 }
 
 func (c *Connection) sendSotwItems(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, items []*xds.Resource, known *xds.Resources) error {
+	if c.held() {
+		return nil // nothing recorded as sent: the push after the window sends it all
+	}
 	start := time.Now()
 	nonce := c.srv.nextNonce()
 	// Encoded once per shared set; this connection adds only its header.

@@ -39,6 +39,10 @@ type Source struct {
 	log     *slog.Logger
 	metrics *metrics.Metrics
 
+	// syncMu serializes whole reads: a read that started earlier must not be applied after
+	// a later one (two callers racing a write would otherwise leave the stale state).
+	syncMu sync.Mutex
+
 	mu       sync.RWMutex
 	current  map[config.Key]*config.Config
 	status   []DocStatus
@@ -89,6 +93,8 @@ func isConfigFile(name string) bool {
 // Sync reads the whole directory, applies what is valid and notifies handlers of changes.
 // It returns an error only when the directory itself cannot be read.
 func (s *Source) Sync() error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
 	var files []string
 	err := filepath.WalkDir(s.dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
