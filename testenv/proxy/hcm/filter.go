@@ -238,6 +238,9 @@ type Stream struct {
 	Log      *slog.Logger
 	// FilterState is shared between the filters of the stream.
 	FilterState map[string]any
+	// Worker is the worker the stream's connection belongs to (a connection counter; Wasm
+	// filters run a worker's streams on the same VM instance, as Envoy's workers do).
+	Worker int
 	// StatPrefix is the connection manager's stats scope ("http.<stat_prefix>."), where
 	// HTTP filters keep their statistics.
 	StatPrefix string

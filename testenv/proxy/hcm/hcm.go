@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -56,6 +57,7 @@ type Manager struct {
 
 	idleTimeout time.Duration
 	streamIdle  time.Duration
+	workers     atomic.Uint64
 	genReqID    bool
 	useRemote   bool
 }
@@ -233,7 +235,9 @@ func (m *Manager) Start(ctx context.Context) {
 func (m *Manager) ServeConn(conn net.Conn) {
 	m.st.cxTotal.Inc()
 	m.st.cxActive.Inc()
-	tc := &trackedConn{Conn: conn, onClose: func() {
+	// Envoy hands each accepted connection to one worker, whose Wasm VMs run all of its
+	// streams; connections take the workers in turn.
+	tc := &trackedConn{Conn: conn, worker: int(m.workers.Add(1) - 1), onClose: func() {
 		m.st.cxActive.Dec()
 		m.st.cxDestroy.Inc()
 	}}
@@ -256,6 +260,7 @@ type connKey struct{}
 // trackedConn counts a connection's close once.
 type trackedConn struct {
 	net.Conn
+	worker  int
 	once    sync.Once
 	onClose func()
 }
@@ -322,7 +327,11 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.st.rqHTTP1.Inc()
 	}
 	m.prepareRequest(r, info)
-	s := &Stream{ctx: r.Context(), Request: r, Info: info, HTTP2: h2, Listener: m.ctx.Listener,
+	worker := 0
+	if tc, ok := r.Context().Value(connKey{}).(*trackedConn); ok {
+		worker = tc.worker
+	}
+	s := &Stream{ctx: r.Context(), Request: r, Info: info, HTTP2: h2, Listener: m.ctx.Listener, Worker: worker,
 		Log: m.ctx.Log, routes: m.routes, FilterState: map[string]any{}, StreamIdleTimeout: m.streamIdle,
 		StatPrefix: "http." + m.proto.GetStatPrefix() + "."}
 

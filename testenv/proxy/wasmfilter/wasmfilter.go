@@ -347,7 +347,11 @@ func (c *Config) Plugin() *host.Plugin { return c.plugin }
 // NewFilter starts a stream on the plugin.
 func (c *Config) NewFilter(s *hcm.Stream) (hcm.Filter, error) {
 	f := &filter{cfg: c, signals: make(chan host.Signal, 8)}
-	st, err := c.plugin.NewHTTPStream(s.Context(), host.StreamOptions{Info: streamInfo(s), OnSignal: func(sig host.Signal) {
+	worker := 0
+	if n := c.plugin.Instances(); n > 0 {
+		worker = s.Worker % n
+	}
+	st, err := c.plugin.NewHTTPStream(s.Context(), host.StreamOptions{Worker: worker, PinWorker: true, Info: streamInfo(s), OnSignal: func(sig host.Signal) {
 		select {
 		case f.signals <- sig:
 		default:
