@@ -28,11 +28,13 @@ type Connection struct {
 	shape string // xds.Shape of the proxy
 	// resumed: the proxy came with config from an earlier connection (a SotW version or
 	// delta initial versions on its first request), i.e. it was already serving.
-	resumed  bool
-	workload *model.Workload
-	delta    bool
-	pushCh   chan *delivery
-	stopped  chan struct{}
+	resumed bool
+	// holdUntil: no updates are sent before (see Options.ReconnectWindow).
+	holdUntil time.Time
+	workload  *model.Workload
+	delta     bool
+	pushCh    chan *delivery
+	stopped   chan struct{}
 
 	mu      sync.Mutex
 	watches map[string]*watch
@@ -305,8 +307,12 @@ func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req)
 		return err
 	}
 	c.resumed = resumed(first)
-	if c.resumed && s.inReconnectWindow() {
-		s.log.Info("proxy resumed with its config; holding updates until the reconnect window ends", "conn", c.ID)
+	if c.resumed {
+		if until := s.holdResumed(); !until.IsZero() {
+			c.holdUntil = until
+			s.log.Info("proxy resumed with its config after a restart; holding its updates", "conn", c.ID, "until", until)
+			go s.releaseHeld(c, until)
+		}
 	}
 	s.addConnection(c)
 	defer s.closeConnection(c)
@@ -389,4 +395,4 @@ func (s *Server) serveHealth(node *core.Node, first healthReport, recv func() (h
 }
 
 // held reports whether the connection gets no updates yet (see Options.ReconnectWindow).
-func (c *Connection) held() bool { return c.resumed && c.srv.inReconnectWindow() }
+func (c *Connection) held() bool { return !c.holdUntil.IsZero() && time.Now().Before(c.holdUntil) }

@@ -43,11 +43,12 @@ type Options struct {
 	ConnectRate  float64
 	ConnectBurst int
 	ConnectWait  time.Duration
-	// ReconnectWindow: for this long after start, a proxy that resumes with config it
-	// already had (discovery restarted under it) gets no updates. Its registry is rebuilt
-	// from the proxies reconnecting, so an early update would lack the endpoints of those
-	// not back yet; on its last config the proxy keeps serving. Fresh proxies are served at
-	// once. At the end of the window everyone is brought up to date.
+	// ReconnectWindow: a proxy that resumes with config it already had, in the first
+	// minute after start (discovery restarted under it), gets no updates for this long after
+	// it reconnects. The registry is being rebuilt from the proxies coming back, so an early
+	// update would lack the endpoints of those not back yet; on its last config the proxy
+	// keeps serving. Fresh proxies, and proxies resuming later (a network blip), are served
+	// at once.
 	ReconnectWindow time.Duration
 }
 
@@ -119,8 +120,8 @@ type Server struct {
 	conns  map[string]*Connection
 	status PushStatus
 
-	// holdUntil ends the reconnect window (see Options.ReconnectWindow).
-	holdUntil atomic.Pointer[time.Time]
+	// started is when Run began; resuming proxies are held only shortly after it.
+	started atomic.Pointer[time.Time]
 
 	// stop is closed when Run's context ends: connection loops and blocked updates return.
 	stop     chan struct{}
@@ -193,25 +194,11 @@ func (s *Server) Status() PushStatus {
 
 // Run builds the initial snapshot and runs the debouncer and push workers until ctx ends.
 func (s *Server) Run(ctx context.Context) {
-	until := time.Now().Add(s.opts.ReconnectWindow)
-	s.holdUntil.Store(&until)
+	now := time.Now()
+	s.started.Store(&now)
 	s.build(push.NewFull(push.ReasonUnknown))
 	s.ready.Store(true)
 	var wg sync.WaitGroup
-	if s.opts.ReconnectWindow > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := time.NewTimer(s.opts.ReconnectWindow)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				// Bring the proxies held in the window up to date.
-				s.ConfigUpdate(push.NewFull(push.ReasonReconnect))
-			case <-ctx.Done():
-			}
-		}()
-	}
 	for i := 0; i < s.opts.PushThrottle; i++ {
 		wg.Add(1)
 		go func() {
@@ -416,8 +403,27 @@ func (s *Server) nextNonce() string {
 	return fmt.Sprintf("%x", s.nonceSeq.Add(1))
 }
 
-// inReconnectWindow reports whether resuming proxies are still held.
-func (s *Server) inReconnectWindow() bool {
-	until := s.holdUntil.Load()
-	return until != nil && time.Now().Before(*until)
+// restartPeriod is how long after start a resuming proxy counts as coming back from a
+// discovery restart (Envoy's reconnect back-off tops out at 30 s).
+const restartPeriod = time.Minute
+
+// holdResumed returns until when a proxy resuming now is held (zero: not held).
+func (s *Server) holdResumed() time.Time {
+	started := s.started.Load()
+	if s.opts.ReconnectWindow <= 0 || started == nil || time.Since(*started) > restartPeriod {
+		return time.Time{}
+	}
+	return time.Now().Add(s.opts.ReconnectWindow)
+}
+
+// releaseHeld brings a held connection up to date when its hold ends.
+func (s *Server) releaseHeld(c *Connection, until time.Time) {
+	t := time.NewTimer(time.Until(until))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		s.queue.Enqueue(c, &pushEvent{snap: s.Snapshot(), req: push.NewFull(push.ReasonReconnect), queued: time.Now()})
+	case <-c.stopped:
+	case <-s.stop:
+	}
 }
