@@ -105,6 +105,16 @@ func (r *Runtime) instantiateEnv(ctx context.Context, wz wazero.Runtime) error {
 
 func (vc *vmCall) mem() api.Memory { return vc.vm.mod.Memory() }
 
+// name reads a name the guest passes on most calls (a header name, a shared data key) as
+// an interned string (see vm.intern).
+func (vc *vmCall) name(ptr, size uint32) (string, bool) {
+	b, ok := view(vc.mem(), ptr, size)
+	if !ok {
+		return "", false
+	}
+	return vc.vm.intern(b), true
+}
+
 // ---- logging, time, timers ----
 
 func (vc *vmCall) proxyLog(ctx context.Context, s []uint64) Status {
@@ -466,7 +476,7 @@ func (vc *vmCall) keyValue(s []uint64) (*Headers, string, string, Status) {
 	if st != StatusOK {
 		return nil, "", "", st
 	}
-	key, ok := readString(vc.mem(), u32(s, 1), u32(s, 2))
+	key, ok := vc.name(u32(s, 1), u32(s, 2))
 	if !ok {
 		return nil, "", "", StatusInvalidMemoryAccess
 	}
@@ -498,7 +508,7 @@ func (vc *vmCall) proxyRemoveHeaderMapValue(ctx context.Context, s []uint64) Sta
 	if st != StatusOK {
 		return st
 	}
-	key, ok := readString(vc.mem(), u32(s, 1), u32(s, 2))
+	key, ok := vc.name(u32(s, 1), u32(s, 2))
 	if !ok {
 		return StatusInvalidMemoryAccess
 	}
@@ -715,7 +725,7 @@ func (vc *vmCall) proxyGetStatus(ctx context.Context, s []uint64) Status {
 // ---- shared data and queues ----
 
 func (vc *vmCall) proxyGetSharedData(ctx context.Context, s []uint64) Status {
-	key, ok := readString(vc.mem(), u32(s, 0), u32(s, 1))
+	key, ok := vc.name(u32(s, 0), u32(s, 1))
 	if !ok {
 		return StatusInvalidMemoryAccess
 	}
@@ -737,7 +747,7 @@ func (vc *vmCall) proxyGetSharedData(ctx context.Context, s []uint64) Status {
 }
 
 func (vc *vmCall) proxySetSharedData(ctx context.Context, s []uint64) Status {
-	key, ok := readString(vc.mem(), u32(s, 0), u32(s, 1))
+	key, ok := vc.name(u32(s, 0), u32(s, 1))
 	if !ok {
 		return StatusInvalidMemoryAccess
 	}
