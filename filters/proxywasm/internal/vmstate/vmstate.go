@@ -41,6 +41,13 @@ type State struct {
 	// a deleted stream is recognised.
 	rootOf map[uint32]uint32
 
+	// recent is the HTTP context created last: most callbacks are for it (a stream's
+	// callbacks follow each other), and map lookups are dear in a Wasm guest.
+	recent struct {
+		id  uint32
+		ctx types.HttpContext
+	}
+
 	active uint32
 	// inFlight is the stack of proxy_http_call host calls that have not returned yet;
 	// see DispatchHTTPCall.
@@ -143,7 +150,17 @@ func (s *State) createHTTPContext(contextID, pluginContextID uint32) bool {
 	}
 	s.rootOf[contextID] = pluginContextID
 	s.http[contextID] = ctx
+	s.recent.id, s.recent.ctx = contextID, ctx
 	return true
+}
+
+// httpContext finds an HTTP context, the recent one without a map lookup.
+func (s *State) httpContext(contextID uint32) (types.HttpContext, bool) {
+	if s.recent.ctx != nil && s.recent.id == contextID {
+		return s.recent.ctx, true
+	}
+	ctx, ok := s.http[contextID]
+	return ctx, ok
 }
 
 func (s *State) createTCPContext(contextID, pluginContextID uint32) bool {
@@ -184,7 +201,7 @@ func (s *State) OnQueueReady(pluginContextID, queueID uint32) {
 
 // HTTPContext returns the HTTP context for a stream callback; an unknown id is a host bug.
 func (s *State) HTTPContext(contextID uint32) types.HttpContext {
-	ctx, ok := s.http[contextID]
+	ctx, ok := s.httpContext(contextID)
 	if !ok {
 		panic(fmt.Sprintf("proxywasm: unknown HTTP context %d", contextID))
 	}
@@ -203,16 +220,19 @@ func (s *State) TCPContext(contextID uint32) types.TcpContext {
 // OnLog handles proxy_on_log: the end of a stream (OnStreamDone / OnHttpStreamDone).
 // Plugin contexts have nothing to run here.
 func (s *State) OnLog(contextID uint32) {
-	if ctx, ok := s.tcp[contextID]; ok {
-		ctx.OnStreamDone()
-	} else if ctx, ok := s.http[contextID]; ok {
+	if ctx, ok := s.httpContext(contextID); ok {
 		ctx.OnHttpStreamDone()
+	} else if ctx, ok := s.tcp[contextID]; ok {
+		ctx.OnStreamDone()
 	}
 }
 
 // OnDone handles proxy_on_done: a plugin context may ask for time (false) and later call
 // PluginDone; stream contexts are always done.
 func (s *State) OnDone(contextID uint32) bool {
+	if s.recent.ctx != nil && s.recent.id == contextID {
+		return true // a stream
+	}
 	if p, ok := s.plugins[contextID]; ok {
 		return p.context.OnPluginDone()
 	}
@@ -222,10 +242,13 @@ func (s *State) OnDone(contextID uint32) bool {
 // OnDelete handles proxy_on_delete and forgets the context.
 func (s *State) OnDelete(contextID uint32) {
 	delete(s.rootOf, contextID)
-	if _, ok := s.tcp[contextID]; ok {
-		delete(s.tcp, contextID)
-	} else if _, ok := s.http[contextID]; ok {
+	if _, ok := s.httpContext(contextID); ok {
 		delete(s.http, contextID)
+		if s.recent.id == contextID {
+			s.recent.id, s.recent.ctx = 0, nil
+		}
+	} else if _, ok := s.tcp[contextID]; ok {
+		delete(s.tcp, contextID)
 	} else if _, ok := s.plugins[contextID]; ok {
 		delete(s.plugins, contextID)
 	} else {

@@ -109,6 +109,26 @@ func TestLifecycle(t *testing.T) {
 	assert.Panics(t, func() { s.OnTick(1) })
 }
 
+// Streams whose callbacks interleave each get their own context, whichever was created
+// last (the one looked up without the map).
+func TestInterleavedStreams(t *testing.T) {
+	s, _, _, _ := newState(t)
+	s.OnContextCreate(1, 0)
+	s.OnContextCreate(2, 1)
+	s.OnContextCreate(3, 1)
+	for _, id := range []uint32{2, 3, 2, 3} {
+		assert.Equal(t, id, s.HTTPContext(id).(*stream).id)
+	}
+	s.OnDelete(3) // the most recent one
+	assert.Panics(t, func() { s.HTTPContext(3) })
+	assert.Equal(t, uint32(2), s.HTTPContext(2).(*stream).id)
+	s.OnContextCreate(4, 1)
+	s.OnDelete(2) // not the most recent one
+	assert.Panics(t, func() { s.HTTPContext(2) })
+	assert.Equal(t, uint32(4), s.HTTPContext(4).(*stream).id)
+	assert.True(t, s.OnDone(4))
+}
+
 func TestTCPContextWhenPluginMakesNoHTTPContext(t *testing.T) {
 	s, _, v, ev := newState(t)
 	v.noHTTP = true
