@@ -131,8 +131,45 @@ func Compile(rc *routev3.RouteConfiguration) (*Config, error) {
 	return c, nil
 }
 
+// validateAction rejects what the router could only fail on at request time: hash policies
+// it cannot compute and retry back-off intervals out of order.
+func validateAction(a *routev3.RouteAction) error {
+	for i, hp := range a.GetHashPolicy() {
+		switch s := hp.GetPolicySpecifier().(type) {
+		case *routev3.RouteAction_HashPolicy_Header_:
+			if rr := s.Header.GetRegexRewrite(); rr != nil {
+				if _, err := regexp.Compile(rr.GetPattern().GetRegex()); err != nil {
+					return fmt.Errorf("hash_policy[%d].header.regex_rewrite: %w", i, err)
+				}
+			}
+		case *routev3.RouteAction_HashPolicy_Cookie_, *routev3.RouteAction_HashPolicy_ConnectionProperties_,
+			*routev3.RouteAction_HashPolicy_QueryParameter_:
+		default:
+			return fmt.Errorf("hash_policy[%d]: %T is not supported", i, s)
+		}
+	}
+	if err := validateRetry(a.GetRetryPolicy()); err != nil {
+		return err
+	}
+	return nil
+}
+
+func validateRetry(rp *routev3.RetryPolicy) error {
+	bo := rp.GetRetryBackOff()
+	if bo == nil || bo.GetMaxInterval() == nil {
+		return nil
+	}
+	if bo.GetMaxInterval().AsDuration() < bo.GetBaseInterval().AsDuration() {
+		return fmt.Errorf("retry_policy.retry_back_off: max_interval must be greater than or equal to the base_interval")
+	}
+	return nil
+}
+
 func compileVHost(c *Config, p *routev3.VirtualHost) (*VirtualHost, error) {
 	vh := &VirtualHost{Name: p.GetName(), Proto: p, config: c}
+	if err := validateRetry(p.GetRetryPolicy()); err != nil {
+		return nil, err
+	}
 	var err error
 	if vh.headers, err = compileHeaders(p.GetRequestHeadersToAdd(), p.GetRequestHeadersToRemove(),
 		p.GetResponseHeadersToAdd(), p.GetResponseHeadersToRemove()); err != nil {
@@ -188,6 +225,9 @@ func compileRoute(vh *VirtualHost, p *routev3.Route) (*Route, error) {
 			if _, err := regexp.Compile(rr.GetPattern().GetRegex()); err != nil {
 				return nil, fmt.Errorf("regex_rewrite: %w", err)
 			}
+		}
+		if err := validateAction(a.Route); err != nil {
+			return nil, err
 		}
 	case *routev3.Route_Redirect:
 		r.Redirect = a.Redirect

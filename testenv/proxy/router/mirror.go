@@ -4,9 +4,9 @@ import (
 	"context"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -59,10 +59,12 @@ func compileMirrors(ps []*routev3.RouteAction_RequestMirrorPolicy) []mirrorPolic
 // shadowHost appends Envoy's "-shadow" suffix to the authority's host part, keeping a port:
 // "svc:8080" becomes "svc-shadow:8080".
 func shadowHost(host string) string {
-	if h, p, err := net.SplitHostPort(host); err == nil && h != "" {
-		return net.JoinHostPort(h+"-shadow", p)
+	// Envoy's HeaderUtility::getPortStart: the last ':' not inside an IPv6 literal.
+	port := strings.LastIndexByte(host, ':')
+	if port < 0 || port < strings.LastIndexByte(host, ']') || port+1 > len(host) {
+		return host + "-shadow"
 	}
-	return host + "-shadow"
+	return host[:port] + "-shadow" + host[port:]
 }
 
 // mirrorTarget is a mirror chosen for one request.

@@ -152,7 +152,7 @@ type retryState struct {
 
 // newRetryState builds the request's retry state and strips the retry headers from the
 // upstream request, as Envoy does. nil means the request is never retried.
-func newRetryState(pol *retryPolicy, h http.Header, cl *upstream.Cluster, priority int) *retryState {
+func newRetryState(pol *retryPolicy, h http.Header, br *upstream.Breakers, st *upstream.ClusterStats) *retryState {
 	hOn, hGrpc := h.Get("x-envoy-retry-on"), h.Get("x-envoy-retry-grpc-on")
 	hMax, hCodes := h.Get("x-envoy-max-retries"), h.Get("x-envoy-retriable-status-codes")
 	for _, k := range []string{"x-envoy-retry-on", "x-envoy-retry-grpc-on", "x-envoy-max-retries"} {
@@ -161,8 +161,7 @@ func newRetryState(pol *retryPolicy, h http.Header, cl *upstream.Cluster, priori
 	if pol == nil && hOn == "" && hGrpc == "" {
 		return nil
 	}
-	rs := &retryState{remaining: 1, base: defaultRetryBase, max: 10 * defaultRetryBase,
-		breakers: cl.Breakers(priority), stats: cl.Stats}
+	rs := &retryState{remaining: 1, base: defaultRetryBase, max: 10 * defaultRetryBase, breakers: br, stats: st}
 	if pol != nil {
 		rs.on, rs.remaining, rs.base, rs.max = pol.on, pol.numRetries, pol.base, pol.max
 		rs.codes = append(rs.codes, pol.codes...)
@@ -298,12 +297,7 @@ func (r *retryState) backOff(ctx context.Context) error {
 	r.mu.Lock()
 	n := r.retries
 	r.mu.Unlock()
-	interval := r.max
-	if n < 30 {
-		if m := time.Duration((1<<n)-1) * r.base; m < r.max {
-			interval = m
-		}
-	}
+	interval := backOffRange(n, r.base, r.max)
 	d := time.Duration(0)
 	if ms := interval.Milliseconds(); ms > 0 {
 		d = time.Duration(rand.Int64N(ms)) * time.Millisecond
@@ -319,6 +313,17 @@ func (r *retryState) backOff(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// backOffRange is the upper bound of the n-th retry's back-off: (2^n - 1) * base, capped
+// at max.
+func backOffRange(n int, base, max time.Duration) time.Duration {
+	if n < 30 {
+		if m := time.Duration((1<<n)-1) * base; m < max {
+			return m
+		}
+	}
+	return max
 }
 
 // flagFor is the response flag a non-retry records (Envoy's URX and UO).

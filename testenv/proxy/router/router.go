@@ -253,7 +253,7 @@ func (fw *forwarder) run() hcm.Status {
 	s, cl := fw.s, fw.cl
 	fw.out = fw.f.upstreamRequest(s, fw.rt, fw.wc, fw.vars)
 	fw.tm = finalTimeouts(fw.rt, fw.pol, fw.out.Header, fw.suppress)
-	fw.rs = newRetryState(fw.pol.retry, fw.out.Header, cl, fw.pol.priority)
+	fw.rs = newRetryState(fw.pol.retry, fw.out.Header, cl.Breakers(fw.pol.priority), cl.Stats)
 	fw.gctx, fw.gcancel = context.WithCancelCause(s.Context())
 	fw.startIdleTimer()
 

@@ -29,12 +29,12 @@ type prioState struct {
 	panic      bool
 	hosts      *Candidates
 	localities []localityPick
-	locWeight  uint64
+	locWeight  float64
 }
 
 type localityPick struct {
 	hosts  *Candidates
-	weight uint64
+	weight float64
 }
 
 // priorityRules are the cluster's settings for the state computation.
@@ -130,7 +130,7 @@ func buildState(hs *HostSet, gen uint64, rules priorityRules, nextID func() uint
 }
 
 // localize groups a priority's hosts by locality with Envoy's effective weights:
-// locality_weight * min(100, overprovisioning_factor * healthy / total).
+// locality_weight * min(1, overprovisioning_factor/100 * healthy / total).
 func (st *lbState) localize(p int, chosen []*Host, rules priorityRules, factor int, nextID func() uint64) {
 	if !rules.localityWeighted {
 		return
@@ -164,11 +164,11 @@ func (st *lbState) localize(p int, chosen []*Host, rules priorityRules, factor i
 	}
 	for _, k := range order {
 		g := groups[k]
-		avail := 100
+		avail := 1.0
 		if !panic {
-			avail = min(100, factor*g.healthy/g.total)
+			avail = min(1, float64(factor)/100*float64(g.healthy)/float64(g.total))
 		}
-		w := g.weight * uint64(avail)
+		w := float64(g.weight) * avail
 		if w == 0 || len(g.hosts) == 0 {
 			continue
 		}
@@ -187,7 +187,7 @@ func (st *lbState) pick(useLocality bool) (*Candidates, bool) {
 		}
 		ps := &st.prios[p]
 		if useLocality && ps.locWeight > 0 {
-			x := rand.Uint64N(ps.locWeight)
+			x := rand.Float64() * ps.locWeight
 			for _, lp := range ps.localities {
 				if x < lp.weight {
 					return lp.hosts, ps.panic
