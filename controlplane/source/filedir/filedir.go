@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/fsnotify/fsnotify"
 
@@ -48,12 +49,19 @@ type Source struct {
 	status   []DocStatus
 	lastErrs map[string]bool // rejection messages already logged, so a rescan does not repeat them
 	parsed   map[string]parsedFile
-	handlers []Handler
+	// lastGood remembers the last applied version of every config (by key, and by document
+	// position for documents too broken to name) while its file exists, so a rejected
+	// document falls back to it even if a read in between saw the file empty (an editor
+	// truncating before it writes).
+	lastGood      map[config.Key]*config.Config
+	lastGoodBySrc map[string]*config.Config
+	handlers      []Handler
 }
 
 // New returns a source for dir; call Sync (or Run) to read it.
 func New(dir string, log *slog.Logger, m *metrics.Metrics) *Source {
-	return &Source{dir: dir, log: log.With("scope", "filedir"), metrics: m, current: map[config.Key]*config.Config{}, lastErrs: map[string]bool{}, parsed: map[string]parsedFile{}}
+	return &Source{dir: dir, log: log.With("scope", "filedir"), metrics: m, current: map[config.Key]*config.Config{}, lastErrs: map[string]bool{}, parsed: map[string]parsedFile{},
+		lastGood: map[config.Key]*config.Config{}, lastGoodBySrc: map[string]*config.Config{}}
 }
 
 // AddHandler registers h for later changes. Register before Run.
@@ -171,9 +179,14 @@ func (s *Source) Sync() error {
 					kind = string(d.Key.Kind)
 					if c := old[*d.Key]; c != nil && strings.HasPrefix(c.Source, rel+"#") {
 						kept = c
+					} else if c := s.lastGood[*d.Key]; c != nil && strings.HasPrefix(c.Source, rel+"#") {
+						kept = c
 					}
 				} else {
 					kept = bySource[fmt.Sprintf("%s#%d", rel, d.Index)]
+					if kept == nil {
+						kept = s.lastGoodBySrc[fmt.Sprintf("%s#%d", rel, d.Index)]
+					}
 				}
 				reject(st, kind, d.Err.Error(), kept)
 				continue
@@ -205,6 +218,21 @@ func (s *Source) Sync() error {
 		}
 	}
 	s.current, s.status, s.lastErrs, s.parsed = next, status, errs, parsed
+	for k, c := range next {
+		s.lastGood[k] = c
+		s.lastGoodBySrc[c.Source] = c
+	}
+	// A deleted file takes its last good versions with it.
+	for k, c := range s.lastGood {
+		if file, _, _ := strings.Cut(c.Source, "#"); parsed[file].data == nil {
+			delete(s.lastGood, k)
+		}
+	}
+	for src := range s.lastGoodBySrc {
+		if file, _, _ := strings.Cut(src, "#"); parsed[file].data == nil {
+			delete(s.lastGoodBySrc, src)
+		}
+	}
 	handlers := append([]Handler(nil), s.handlers...)
 	s.mu.Unlock()
 	if len(changed) > 0 {
@@ -253,8 +281,9 @@ func (s *Source) Run(ctx context.Context) error {
 					_ = addTree(w, ev.Name)
 				}
 			}
-			// Coalesce a burst of events (an editor's write+rename+chmod) into one read.
-			drain(w.Events)
+			// Coalesce a burst of events (an editor's truncate+write+rename+chmod) into one
+			// read once the directory has been quiet for a moment.
+			settle(ctx, w.Events, 50*time.Millisecond, time.Second)
 			if err := s.Sync(); err != nil {
 				s.log.Error("config directory unreadable; keeping the last good configs", "error", err)
 			}
@@ -267,14 +296,24 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
-func drain(ch <-chan fsnotify.Event) {
+// settle consumes events until none arrived for quiet, or max has passed.
+func settle(ctx context.Context, ch <-chan fsnotify.Event, quiet, max time.Duration) {
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	q := time.NewTimer(quiet)
+	defer q.Stop()
 	for {
 		select {
 		case _, ok := <-ch:
 			if !ok {
 				return
 			}
-		default:
+			q.Reset(quiet)
+		case <-q.C:
+			return
+		case <-deadline.C:
+			return
+		case <-ctx.Done():
 			return
 		}
 	}

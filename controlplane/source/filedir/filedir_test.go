@@ -120,3 +120,26 @@ func TestRunWatchesDirectory(t *testing.T) {
 		return seen[key]
 	}, 10*time.Second, 50*time.Millisecond)
 }
+
+// An editor that truncates before writing can be read in between: the rejected document
+// still falls back to its last good version afterwards.
+func TestLastGoodSurvivesAnEmptyReadInBetween(t *testing.T) {
+	dir := t.TempDir()
+	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 8080)+"---\n"+se("b", 8081))
+	require.NoError(t, s.Sync())
+	write(t, filepath.Join(dir, "a.yaml"), "")
+	require.NoError(t, s.Sync())
+	assert.Empty(t, s.List())
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 9090)+"---\n"+se("b", 0))
+	require.NoError(t, s.Sync())
+	assert.Equal(t, uint32(9090), portOf(t, s, "a"))
+	assert.Equal(t, uint32(8081), portOf(t, s, "b"))
+
+	// Once the file is deleted, its history goes with it.
+	require.NoError(t, os.Remove(filepath.Join(dir, "a.yaml")))
+	require.NoError(t, s.Sync())
+	write(t, filepath.Join(dir, "a.yaml"), se("b", 0))
+	require.NoError(t, s.Sync())
+	assert.Empty(t, s.List())
+}
