@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -73,6 +74,10 @@ var StandardTags = []string{
 	"destination_canonical_revision",
 }
 
+// FilterTags are the tags of the mesh's own filters (filters/quota's descriptor and
+// decision), extracted by default as Istio extracts those of its built-in filters.
+var FilterTags = []string{"descriptor", "decision"}
+
 // tagNamePattern is what a tag name may look like: it becomes a Prometheus label name
 // and part of a regex, so anything else is refused rather than escaped.
 var tagNamePattern = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
@@ -106,7 +111,7 @@ func StatsTags(annotations map[string]string, pc *meshconfig.ProxyConfig) ([]Sta
 		out = append(out, TagRule(tag))
 		return nil
 	}
-	for _, tag := range StandardTags {
+	for _, tag := range slices.Concat(StandardTags, FilterTags) {
 		if err := add("standard tags", tag); err != nil {
 			return nil, err
 		}
