@@ -4,8 +4,9 @@ import "time"
 
 // Bookinfo is the sample application's pods (Istio's bookinfo, with the echo app in every
 // role): productpage calls reviews, whose two versions call ratings. productpage's pod asks
-// for two extra stat tags, which the telemetry filter's configuration in the sample config
-// adds as dimensions.
+// for an extra stat tag, request_method, which the telemetry filter's configuration in the
+// sample config adds as a dimension (request_host, the other one it adds, is one of Istio's
+// default tags).
 func Bookinfo() []PodSpec {
 	svc := func(name string) string { return "http://" + name + ".default.svc.cluster.local:9080/" }
 	return []PodSpec{
@@ -14,7 +15,7 @@ func Bookinfo() []PodSpec {
 		{Labels: map[string]string{"app": "reviews", "version": "v2"}, Calls: []string{svc("ratings")}},
 		{Labels: map[string]string{"app": "productpage", "version": "v1"}, Calls: []string{svc("reviews")},
 			Annotations: map[string]string{
-				"sidecar.istio.io/extraStatTags": "request_host,request_method",
+				"sidecar.istio.io/extraStatTags": "request_method",
 				"prometheus.io/scrape":           "true",
 				"prometheus.io/port":             "8080",
 				"prometheus.io/path":             "/metrics",
