@@ -359,6 +359,24 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	info.Finish(time.Now())
 	snap := info.Snapshot()
 	m.recordStats(snap)
+	// Envoy writes access logs (and runs the filters' log phase, Wasm's proxy_on_log) once
+	// the stream is complete: the response ends when this handler returns, so the logs
+	// run after it rather than holding the response's last bytes back.
+	go m.finishStream(s, filters)
+	if abort {
+		// The response broke off (an upstream reset or timeout mid-body): Envoy resets the
+		// downstream stream rather than ending the response as if it were complete.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// finishStream runs the log phase and destroys the stream's filters.
+func (m *Manager) finishStream(s *Stream, filters []Filter) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.Log.Error("http filter panicked in the log phase", "panic", v)
+		}
+	}()
 	for i := len(filters) - 1; i >= 0; i-- {
 		filters[i].Log(s)
 	}
@@ -367,11 +385,6 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	for i := len(filters) - 1; i >= 0; i-- {
 		filters[i].Destroy(s)
-	}
-	if abort {
-		// The response broke off (an upstream reset or timeout mid-body): Envoy resets the
-		// downstream stream rather than ending the response as if it were complete.
-		panic(http.ErrAbortHandler)
 	}
 }
 
