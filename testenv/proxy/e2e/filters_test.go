@@ -46,7 +46,7 @@ func TestFaultFilter(t *testing.T) {
 	}
 	mainRoutes := routeYAML("/a", `{cluster: a}`) + routeYAML("/b", `{cluster: b}`) +
 		routeYAML("/delay", `{cluster: a}`) + perRoute(`delay: {fixed_delay: 0.2s, percentage: {numerator: 100}}`) +
-		routeYAML("/slow", `{cluster: a}`) + perRoute(`delay: {fixed_delay: 1s, percentage: {numerator: 100}}
+		routeYAML("/slow", `{cluster: a}`) + perRoute(`delay: {fixed_delay: 2s, percentage: {numerator: 100}}
                     max_active_faults: 1`) +
 		routeYAML("/half", `{cluster: a}`) + perRoute(`abort: {http_status: 503, percentage: {numerator: 5000, denominator: TEN_THOUSAND}}`) +
 		routeYAML("/grpc", `{cluster: a}`) + perRoute(`abort: {grpc_status: 8, percentage: {numerator: 100}}`) +

@@ -273,7 +273,7 @@ func TestOutlierDetection(t *testing.T) {
 	})
 	good := newUpstream(t, "good", false, nil)
 	clusters := staticCluster("od", `
-    outlier_detection: {consecutive_5xx: 3, interval: 0.1s, base_ejection_time: 1s}`, addr(bad), addr(good)) +
+    outlier_detection: {consecutive_5xx: 3, interval: 0.1s, base_ejection_time: 3s}`, addr(bad), addr(good)) +
 		staticCluster("gw", `
     outlier_detection: {consecutive_5xx: 1000, consecutive_gateway_failure: 2, interval: 1s}`, addr(bad), addr(good)) +
 		staticCluster("pct", `
