@@ -161,13 +161,44 @@ func (p *Pod) WaitReady(ctx context.Context) error {
 	p.mu.Lock()
 	app := p.app
 	p.mu.Unlock()
-	return waitFor(ctx, app, "application of pod "+p.Spec.Name+" to listen", func() error {
+	if err := waitFor(ctx, app, "application of pod "+p.Spec.Name+" to listen", func() error {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort(p.Localhost, strconv.Itoa(p.Spec.Port)), time.Second)
 		if err == nil {
 			c.Close()
 		}
 		return err
-	})
+	}); err != nil {
+		return err
+	}
+	// Ready as the mesh sees it: discovery has the pod's workload healthy (its agent
+	// reported), so the endpoint is on its way to every proxy, as a ready pod's is in
+	// Kubernetes' Endpoints.
+	return waitFor(ctx, p.agent, "discovery to see pod "+p.Spec.Name+" healthy", p.healthyInDiscovery)
+}
+
+func (p *Pod) healthyInDiscovery() error {
+	b, err := get(context.Background(), p.mesh.DiscoveryURL("/debug/registryz"))
+	if err != nil {
+		return err
+	}
+	var reg struct {
+		Workloads []struct {
+			Name, Namespace string
+			Health          int
+		} `json:"workloads"`
+	}
+	if err := json.Unmarshal(b, &reg); err != nil {
+		return fmt.Errorf("discovery /debug/registryz: %w", err)
+	}
+	for _, w := range reg.Workloads {
+		if w.Name == p.Spec.Name && w.Namespace == p.Spec.Namespace {
+			if w.Health != 0 {
+				return fmt.Errorf("workload %s/%s is not healthy in discovery", w.Namespace, w.Name)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("workload %s/%s is not registered in discovery", p.Spec.Namespace, p.Spec.Name)
 }
 
 // StatusURL is a URL on the agent's status server.
