@@ -2,25 +2,24 @@ package xds
 
 import (
 	"sort"
+	"strconv"
 	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Endpoints generates the ClusterLoadAssignments the proxy asked for. Names that are not EDS
-// clusters of the proxy's scope are left out (Envoy keeps waiting for them, as with Istio).
-// Each assignment is built once per snapshot, endpoint state and DestinationRule (and client
-// locality, when the rule balances by locality) and shared.
-func Endpoints(v *View, names []string) []*Resource {
+// clusters of this snapshot are left out (Envoy keeps waiting for them, as with Istio).
+// Each assignment is built once per snapshot and endpoint state and shared.
+func Endpoints(snap *push.Snapshot, names []string) []*Resource {
 	out := make([]*Resource, 0, len(names))
 	for _, n := range names {
-		if r := EndpointResource(v, n); r != nil {
+		if r := EndpointResource(snap, n); r != nil {
 			out = append(out, r)
 		}
 	}
@@ -28,87 +27,60 @@ func Endpoints(v *View, names []string) []*Resource {
 }
 
 // EndpointResource returns the assignment for one cluster, or nil when no such EDS cluster
-// exists for the proxy.
-func EndpointResource(v *View, name string) *Resource {
-	port, subset, host, ok := ParseClusterName(name)
+// exists.
+func EndpointResource(snap *push.Snapshot, name string) *Resource {
+	port, host, ok := parseOutbound(name)
 	if !ok {
 		return nil
 	}
-	svc := v.Scope.Service(host)
+	svc := snap.Service(host)
 	if svc == nil || svc.Resolution != model.ClientSideLB {
 		return nil
 	}
-	p, ok := svc.Port(port)
-	if !ok {
+	if _, ok := svc.Port(port); !ok {
 		return nil
 	}
-	dr := v.Scope.DestinationRule(host)
-	var sub *networking.Subset
-	if subset != "" {
-		if sub = dr.subset(subset); sub == nil {
-			return nil
-		}
-	}
-	tp := policyFor(dr, sub, p.Port)
-	ll := localitySetting(v.Snapshot.Mesh, tp.GetLoadBalancer())
-	failover := tp.GetOutlierDetection() != nil
-	variant := ""
-	if dr != nil {
-		variant = dr.cfg.Namespace + "/" + dr.cfg.Name
-		if ll != nil && (failover || len(ll.GetDistribute()) > 0) {
-			variant += "|" + localityString(v.Proxy)
-			if failover && len(ll.GetFailoverPriority()) > 0 {
-				variant += "|" + model.SortedLabels(v.Proxy.Labels)
-			}
-		}
-	}
-	return v.Snapshot.EDS.Get(push.HostKey{Host: host, Name: name + "\x00" + variant}, func() any {
-		cla, eps := loadAssignment(name, subsetEndpoints(v.Snapshot.Endpoints(host), sub), port)
-		if dr != nil && ll != nil {
-			applyLocality(cla, eps, v.Proxy.Locality, v.Proxy.Labels, ll, failover)
-		}
-		return newResource(name, cla)
+	return snap.EDS.Get(push.HostKey{Host: host, Name: name}, func() any {
+		return newResource(name, loadAssignment(name, snap.Endpoints(host), port))
 	}).(*Resource)
 }
 
-// EDSClusterNames lists every EDS cluster of host a proxy may watch (the service's ports and
-// the subsets any DestinationRule defines for it), for pushing an endpoints-only change.
+// EDSClusterNames lists the EDS clusters of host, for pushing an endpoints-only change.
 func EDSClusterNames(snap *push.Snapshot, host string) []string {
 	svc := snap.Service(host)
 	if svc == nil || svc.Resolution != model.ClientSideLB {
 		return nil
 	}
-	var subsets []string
-	seen := map[string]bool{}
-	for _, dr := range trafficOf(snap).drs {
-		if !hostMatches(host, dr.host) {
-			continue
-		}
-		for _, s := range dr.spec.GetSubsets() {
-			if !seen[s.GetName()] {
-				seen[s.GetName()] = true
-				subsets = append(subsets, s.GetName())
-			}
-		}
-	}
-	out := make([]string, 0, len(svc.Ports)*(1+len(subsets)))
+	out := make([]string, 0, len(svc.Ports))
 	for _, p := range svc.Ports {
 		out = append(out, OutboundClusterName(p.Port, "", host))
-		for _, s := range subsets {
-			out = append(out, OutboundClusterName(p.Port, s, host))
-		}
 	}
 	return out
 }
 
-// loadAssignment groups the endpoints of one service port by locality, and returns which
-// endpoint each LbEndpoint came from (for label-based failover).
-func loadAssignment(name string, eps []*model.Endpoint, servicePort uint32) (*endpoint.ClusterLoadAssignment, map[*endpoint.LbEndpoint]*model.Endpoint) {
+// parseOutbound splits "outbound|<port>|<subset>|<host>"; subsets come with DestinationRules.
+func parseOutbound(name string) (uint32, string, bool) {
+	parts := strings.SplitN(name, "|", 4)
+	if len(parts) != 4 || parts[0] != "outbound" || parts[2] != "" {
+		return 0, "", false
+	}
+	p, err := strconv.ParseUint(parts[1], 10, 32)
+	if err != nil {
+		return 0, "", false
+	}
+	return uint32(p), parts[3], true
+}
+
+// loadAssignment groups the endpoints of one service port by locality.
+func loadAssignment(name string, eps []*model.Endpoint, servicePort uint32) *endpoint.ClusterLoadAssignment {
 	byLocality := map[string]*endpoint.LocalityLbEndpoints{}
-	origin := map[*endpoint.LbEndpoint]*model.Endpoint{}
 	var localities []string
 	for _, ep := range eps {
-		if ep.ServicePort != servicePort {
+		// Unhealthy endpoints are left out, as Istio does by default
+		// (PILOT_SEND_UNHEALTHY_ENDPOINTS=false): sent as UNHEALTHY, a proxy in panic mode
+		// (too few healthy hosts) would still use them, and it keeps its pooled connections
+		// to them, which holds a draining pod's connection count above zero.
+		if ep.ServicePort != servicePort || ep.Health == model.Unhealthy {
 			continue
 		}
 		l := byLocality[ep.Locality]
@@ -117,9 +89,7 @@ func loadAssignment(name string, eps []*model.Endpoint, servicePort uint32) (*en
 			byLocality[ep.Locality] = l
 			localities = append(localities, ep.Locality)
 		}
-		lb := lbEndpoint(ep.Address, ep.Port, ep.Health, ep.Weight)
-		origin[lb] = ep
-		l.LbEndpoints = append(l.LbEndpoints, lb)
+		l.LbEndpoints = append(l.LbEndpoints, lbEndpoint(ep.Address, ep.Port, ep.Health, ep.Weight))
 	}
 	sort.Strings(localities)
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpoint.LocalityLbEndpoints{}}
@@ -136,14 +106,12 @@ func loadAssignment(name string, eps []*model.Endpoint, servicePort uint32) (*en
 		}
 		cla.Endpoints = append(cla.Endpoints, l)
 	}
-	return cla, origin
+	return cla
 }
 
-// parseLocality reads "region/zone/subzone"; every group of endpoints carries a locality,
-// empty when unknown, as Istio sends it (gRPC's xDS client rejects groups without one).
 func parseLocality(s string) *core.Locality {
 	if s == "" {
-		return &core.Locality{}
+		return nil
 	}
 	parts := strings.SplitN(s, "/", 3)
 	l := &core.Locality{Region: parts[0]}
