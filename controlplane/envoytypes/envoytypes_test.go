@@ -3,7 +3,11 @@ package envoytypes_test
 import (
 	"testing"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,4 +75,25 @@ func TestValidateLooksInsideTypedConfigs(t *testing.T) {
 
 	l.FilterChains[0].Filters[0].GetTypedConfig().TypeUrl = "type.googleapis.com/no.such.Type"
 	assert.ErrorContains(t, envoytypes.Validate(l), `unknown type "type.googleapis.com/no.such.Type"`)
+}
+
+func TestValidateEnvoyLoadRules(t *testing.T) {
+	router, err := anypb.New(&routerv3.Router{})
+	require.NoError(t, err)
+	cors, err := anypb.New(&corsv3.Cors{})
+	require.NoError(t, err)
+	m := &hcm.HttpConnectionManager{StatPrefix: "x", RouteSpecifier: &hcm.HttpConnectionManager_Rds{Rds: &hcm.Rds{RouteConfigName: "r", ConfigSource: &core.ConfigSource{ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}}}}}, HttpFilters: []*hcm.HttpFilter{
+		{Name: "envoy.filters.http.router", ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: router}},
+		{Name: "envoy.filters.http.cors", ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: cors}},
+	}}
+	assert.ErrorContains(t, envoytypes.Validate(m), "must be the last HTTP filter")
+	m.HttpFilters = m.HttpFilters[1:]
+	assert.ErrorContains(t, envoytypes.Validate(m), "not a terminal filter")
+	m.HttpFilters = nil
+	assert.NoError(t, envoytypes.Validate(m))
+
+	rc := &route.RouteConfiguration{Name: "r", VirtualHosts: []*route.VirtualHost{
+		{Name: "a", Domains: []string{"x", "y"}}, {Name: "b", Domains: []string{"y"}},
+	}}
+	assert.ErrorContains(t, envoytypes.Validate(rc), `domain "y" is in virtual hosts a and b`)
 }

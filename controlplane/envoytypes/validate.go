@@ -12,8 +12,8 @@ import (
 
 type validator interface{ ValidateAll() error }
 
-// Validate runs Envoy's validation rules (protoc-gen-validate's ValidateAll) on m and on every
-// message packed in an Any inside it, recursively: ValidateAll stops at an Any, but Envoy
+// Validate runs Envoy's validation rules (protoc-gen-validate's ValidateAll, and the load-time
+// rules of semantic.go) on m and on every message packed in an Any inside it, recursively: ValidateAll stops at an Any, but Envoy
 // validates the typed config it unpacks, so an HTTP filter patched into a connection manager is
 // only known to be valid once the manager's typed_config has been checked too. An Any of an
 // unknown type is an error. Errors name the path of the Any they come from.
@@ -26,6 +26,9 @@ func validate(m proto.Message, path string) error {
 		if err := v.ValidateAll(); err != nil {
 			return wrap(path, err)
 		}
+	}
+	if err := semantic(m); err != nil {
+		return wrap(path, err)
 	}
 	return walk(m.ProtoReflect(), path)
 }
@@ -69,6 +72,9 @@ func walk(msg protoreflect.Message, path string) error {
 func field(m protoreflect.Message, path string) error {
 	a, ok := m.Interface().(*anypb.Any)
 	if !ok {
+		if err := semantic(m.Interface()); err != nil {
+			return wrap(path, err)
+		}
 		return walk(m, path)
 	}
 	inner, err := Unpack(a)
