@@ -67,6 +67,9 @@ type Options struct {
 	DrainPollInterval time.Duration
 	// QuitGrace is how long the proxy has to exit after /quitquitquit before it is killed.
 	QuitGrace time.Duration
+	// LogLevel, if set, is the agent's log level, changeable at run time on the status
+	// server's /debug/logging.
+	LogLevel *slog.LevelVar
 	// HealthPeriod is how often the pod's health is checked and, when it changed, reported
 	// to discovery (default 500ms).
 	HealthPeriod time.Duration
@@ -261,8 +264,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		Admin: a.admin, ApplicationPorts: a.o.ApplicationPorts,
 		Probes: probe.NewHandler(a.probes, a.params.Localhost), AppMetrics: a.appMetrics,
 		Gatherer: a.registry, Draining: a.draining.Load,
-		Quit: func() { quitOnce.Do(func() { close(quit) }) },
-		Log:  a.log,
+		Quit:     func() { quitOnce.Do(func() { close(quit) }) },
+		Log:      a.log,
+		LogLevel: a.o.LogLevel,
 	})
 	wg.Add(1)
 	go func() {

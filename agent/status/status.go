@@ -46,6 +46,9 @@ type Config struct {
 	// Quit asks the agent to stop, as SIGTERM does.
 	Quit func()
 	Log  *slog.Logger
+	// LogLevel, if set, is the agent's log level, changed at run time through
+	// /debug/logging.
+	LogLevel *slog.LevelVar
 }
 
 // Server serves the status endpoints.
@@ -77,6 +80,9 @@ func New(c Config) *Server {
 	s.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	s.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	s.mux.HandleFunc("/debug/config_dump", s.configDump)
+	if c.LogLevel != nil {
+		s.mux.HandleFunc("/debug/logging", s.logging)
+	}
 	return s
 }
 
@@ -235,6 +241,26 @@ func (s *Server) quit(w http.ResponseWriter, r *http.Request) {
 	if s.c.Quit != nil {
 		s.c.Quit()
 	}
+}
+
+// logging shows the agent's log level (GET) or sets it (PUT or POST ?level=debug|info|warn|error),
+// from the pod itself only, like /quitquitquit.
+func (s *Server) logging(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+			http.Error(w, "only from the pod itself", http.StatusForbidden)
+			return
+		}
+		var l slog.Level
+		if err := l.UnmarshalText([]byte(r.URL.Query().Get("level"))); err != nil {
+			http.Error(w, "level: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		s.c.LogLevel.Set(l)
+		s.c.Log.Info("log level changed", "level", l.String())
+	}
+	fmt.Fprintf(w, "level: %s\n", s.c.LogLevel.Level())
 }
 
 func (s *Server) configDump(w http.ResponseWriter, r *http.Request) {

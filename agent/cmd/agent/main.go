@@ -43,16 +43,18 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log_output_level", "default:info", "agent log level, <scope>:<level> (debug, info, warn, error)")
-	logger := func() (*slog.Logger, error) {
+	logger := func() (*slog.Logger, *slog.LevelVar, error) {
 		lvl := logLevel
 		if _, after, ok := strings.Cut(lvl, ":"); ok {
 			lvl = after
 		}
 		var l slog.Level
 		if err := l.UnmarshalText([]byte(lvl)); err != nil {
-			return nil, fmt.Errorf("--log_output_level: %w", err)
+			return nil, nil, fmt.Errorf("--log_output_level: %w", err)
 		}
-		return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: l})), nil
+		v := new(slog.LevelVar)
+		v.Set(l)
+		return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: v})), v, nil
 	}
 	root.AddCommand(newProxy(stdout, stderr, logger), newWait(stderr), newRequest(stdout), &cobra.Command{
 		Use:   "version",
@@ -63,7 +65,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	return root
 }
 
-func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, error)) *cobra.Command {
+func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, *slog.LevelVar, error)) *cobra.Command {
 	var o sidecar.Options
 	var certDir string
 	cmd := &cobra.Command{
@@ -76,11 +78,11 @@ func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, error)) *co
 			return nil
 		},
 		RunE: func(c *cobra.Command, _ []string) error {
-			log, err := logger()
+			log, level, err := logger()
 			if err != nil {
 				return err
 			}
-			o.Env, o.Log, o.Version, o.Stdout, o.Stderr = os.Environ(), log, version, stdout, stderr
+			o.Env, o.Log, o.LogLevel, o.Version, o.Stdout, o.Stderr = os.Environ(), log, level, version, stdout, stderr
 			if len(o.CertFiles) == 0 {
 				o.CertFiles = sidecar.DefaultCertFiles(certDir)
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -158,6 +159,27 @@ func TestSidecarProcessStartsWaitsAndStops(t *testing.T) {
 	code, _, errOut := runAgent(t, nil, "wait", "--url", "http://"+ip+":15021/healthz/ready", "--periodMillis", "50", "--timeoutSeconds", "20")
 	require.Equal(t, 0, code, errOut+"\nagent logs:\n"+logs.String())
 	require.FileExists(t, filepath.Join(dir, "proxy", "envoy-rev0.json"))
+
+	// The log level changes at run time.
+	level := func(method, query string) (int, string) {
+		req, err := http.NewRequest(method, "http://"+ip+":15020/debug/logging"+query, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	c, body := level(http.MethodGet, "")
+	assert.Equal(t, 200, c)
+	assert.Equal(t, "level: INFO", body)
+	c, body = level(http.MethodPut, "?level=debug")
+	assert.Equal(t, 200, c)
+	assert.Equal(t, "level: DEBUG", body)
+	c, _ = level(http.MethodPut, "?level=loud")
+	assert.Equal(t, 400, c)
+	_, body = level(http.MethodGet, "")
+	assert.Equal(t, "level: DEBUG", body, "a bad level changes nothing")
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {
