@@ -30,6 +30,9 @@ type Deps struct {
 	// Workloads lists auto-registered workloads; may be nil.
 	Workloads func() []*model.Workload
 	Gatherer  prometheus.Gatherer
+	// Extensions, when set, reports the state of extension configs (EnvoyFilter patches not
+	// applied, Wasm modules) in /debug/configz.
+	Extensions func() any
 }
 
 // Handler returns the debug mux.
@@ -90,6 +93,7 @@ type configzOut struct {
 	Documents []filedir.DocStatus `json:"documents"`
 	MeshError string              `json:"meshConfigError,omitempty"`
 	Mesh      json.RawMessage     `json:"meshConfig,omitempty"`
+	Extension any                 `json:"extensions,omitempty"`
 }
 
 func configz(d Deps) configzOut {
@@ -107,6 +111,9 @@ func configz(d Deps) configzOut {
 		}
 		m, _ := protojson.Marshal(d.Mesh.Mesh())
 		out.Mesh = compact(m)
+	}
+	if d.Extensions != nil {
+		out.Extension = d.Extensions()
 	}
 	return out
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
+	"github.com/wasmesh/wasmesh/controlplane/wasmfetch"
 )
 
 // Options configure a discovery server.
@@ -44,6 +45,9 @@ type Options struct {
 	GRPCOptions []grpc.ServerOption
 	// LogLevels, when set, is served on /debug/logging for run-time level changes.
 	LogLevels *logging.Levels
+	// WasmCacheDir is where WasmPlugin modules fetched over http(s) are kept, by sha256
+	// (default: the user cache directory's wasmesh/wasm).
+	WasmCacheDir string
 }
 
 // Discovery is an assembled control plane.
@@ -59,6 +63,8 @@ type Discovery struct {
 	Registry *registry.Aggregate
 	AutoReg  *registry.AutoRegistration
 	Server   *server.Server
+	// Modules fetches and caches WasmPlugin modules.
+	Modules *wasmfetch.Fetcher
 
 	grpcLis net.Listener
 	httpLis net.Listener
@@ -96,8 +102,11 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 		store = d.Configs
 		d.Entries.SetConfigs(d.Configs.List())
 	}
+	if store, err = d.extensions(store); err != nil {
+		return nil, err
+	}
 	d.Server = server.New(log, d.Metrics, opts.Server, server.Deps{
-		Registry: d.Registry, Configs: store, Mesh: d.Mesh.Mesh, AutoRegistration: d.AutoReg,
+		Registry: d.Registry, Configs: store, Mesh: d.Mesh.Mesh, AutoRegistration: d.AutoReg, OnSnapshot: d.onSnapshot,
 	})
 	// Handlers are registered after the initial read: the first snapshot includes it.
 	d.Registry.AddHandler(d.Server.RegistryHandler)
@@ -160,6 +169,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 		goRun("configDir", func() error { return d.Configs.Run(ctx) })
 	}
 	goRun("meshConfig", func() error { return d.Mesh.Run(ctx) })
+	goRun("wasmModules", func() error { return d.Modules.Run(ctx) })
 	grace := d.opts.ShutdownGrace
 	if grace <= 0 {
 		grace = 5 * time.Second
@@ -169,6 +179,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 		mux := http.NewServeMux()
 		mux.Handle("/", debug.Handler(debug.Deps{
 			Server: d.Server, Configs: d.Configs, Mesh: d.Mesh, Registry: d.Registry, Workloads: d.Entries.Workloads, Gatherer: d.Reg,
+			Extensions: d.extensionStatus,
 		}))
 		if d.opts.LogLevels != nil {
 			mux.Handle("/debug/logging", d.opts.LogLevels.Handler())

@@ -78,6 +78,9 @@ type Deps struct {
 	Mesh     func() *meshconfig.MeshConfig
 	// AutoRegistration, when set, registers proxies with workload metadata.
 	AutoRegistration *registry.AutoRegistration
+	// OnSnapshot, when set, sees every snapshot before it is used (discovery attaches the
+	// reporting of configuration that could not be applied).
+	OnSnapshot func(*push.Snapshot)
 }
 
 // PushStatus describes the latest push, for /debug/push_status.
@@ -241,6 +244,9 @@ func (s *Server) build(r *push.Request) *push.Snapshot {
 		snap = push.Build(version, s.deps.Mesh(), config.NewIndex(configs), s.deps.Registry)
 	} else {
 		snap = cur.WithEndpoints(version, s.deps.Registry, r.EDSHosts)
+	}
+	if s.deps.OnSnapshot != nil {
+		s.deps.OnSnapshot(snap)
 	}
 	s.snapshot.Store(snap)
 	elapsed := time.Since(start)

@@ -123,6 +123,7 @@ PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s).`,
 	f.StringVar(&logLevel, "log_output_level", "default:info", "per-scope levels, e.g. default:info,ads:debug (scopes: ads, filedir, mesh, serviceentry, autoregistration)")
 	f.DurationVar(&opts.WorkloadGracePeriod, "workloadEntryGracePeriod", registry.DefaultGracePeriod, "how long a disconnected auto-registered proxy stays an endpoint (env PILOT_WORKLOAD_ENTRY_GRACE_PERIOD)")
 	f.DurationVar(&opts.ShutdownGrace, "shutdownGrace", 5*time.Second, "how long open streams get to finish on shutdown")
+	f.StringVar(&opts.WasmCacheDir, "wasmCacheDir", "", "where WasmPlugin modules fetched over http(s) are kept by sha256 (default: <user cache dir>/wasmesh/wasm)")
 	f.DurationVar(&opts.Server.ReconnectWindow, "reconnectWindow", opts.Server.ReconnectWindow,
 		"after start, proxies resuming with their last config get no updates for this long, while the others reconnect and register")
 	return cmd
