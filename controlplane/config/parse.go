@@ -198,7 +198,11 @@ func parseDocument(file string, index int, doc []byte) Document {
 	if len(h.Spec) == 0 || string(h.Spec) == "null" {
 		return fail("spec", errors.New("missing"))
 	}
-	if err := (protojson.UnmarshalOptions{}).Unmarshal(h.Spec, spec); err != nil {
+	specJSON, err := normalizeDurations(h.Spec, spec.ProtoReflect().Descriptor())
+	if err != nil {
+		return fail("spec", err)
+	}
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(specJSON, spec); err != nil {
 		return fail("spec", errors.New(cleanProtoJSONError(err)))
 	}
 	if info.validate != nil {

@@ -206,62 +206,9 @@ func validateWorkloadGroup(m proto.Message) *FieldError {
 	return nil
 }
 
-func validateVirtualService(m proto.Message) *FieldError {
-	vs := m.(*networking.VirtualService)
-	if len(vs.GetHosts()) == 0 {
-		return fieldErr("hosts", "at least one host is required")
-	}
-	for i, h := range vs.GetHosts() {
-		if err := validateHost(h, true); err != nil {
-			return &FieldError{Field: fmt.Sprintf("hosts[%d]", i), Err: err}
-		}
-	}
-	if len(vs.GetHttp()) == 0 && len(vs.GetTcp()) == 0 && len(vs.GetTls()) == 0 {
-		return fieldErr("http", "at least one http, tcp or tls route is required")
-	}
-	return nil
-}
-
-func validateDestinationRule(m proto.Message) *FieldError {
-	dr := m.(*networking.DestinationRule)
-	if err := validateHost(dr.GetHost(), true); err != nil {
-		return &FieldError{Field: "host", Err: err}
-	}
-	seen := map[string]bool{}
-	for i, s := range dr.GetSubsets() {
-		if s.GetName() == "" {
-			return fieldErr(fmt.Sprintf("subsets[%d].name", i), "a subset name is required")
-		}
-		if seen[s.GetName()] {
-			return fieldErr(fmt.Sprintf("subsets[%d].name", i), "duplicate subset %q", s.GetName())
-		}
-		seen[s.GetName()] = true
-	}
-	return nil
-}
-
 func validateGateway(m proto.Message) *FieldError {
 	if len(m.(*networking.Gateway).GetServers()) == 0 {
 		return fieldErr("servers", "at least one server is required")
-	}
-	return nil
-}
-
-func validateSidecar(m proto.Message) *FieldError {
-	sc := m.(*networking.Sidecar)
-	for i, eg := range sc.GetEgress() {
-		if len(eg.GetHosts()) == 0 {
-			return fieldErr(fmt.Sprintf("egress[%d].hosts", i), "at least one host is required")
-		}
-		for j, h := range eg.GetHosts() {
-			ns, host, ok := strings.Cut(h, "/")
-			if !ok || ns == "" {
-				return fieldErr(fmt.Sprintf("egress[%d].hosts[%d]", i, j), "%q must be namespace/host", h)
-			}
-			if err := validateHost(host, true); err != nil {
-				return &FieldError{Field: fmt.Sprintf("egress[%d].hosts[%d]", i, j), Err: err}
-			}
-		}
 	}
 	return nil
 }

@@ -17,7 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
 	"sigs.k8s.io/yaml"
 )
 
@@ -39,6 +41,9 @@ func Default() *meshconfig.MeshConfig {
 			StatusPort:               15020,
 			ProxyAdminPort:           15000,
 		},
+		// Locality load balancing is on unless a DestinationRule or the mesh turns it off; a
+		// rule's outlier detection then makes endpoints fail over by locality.
+		LocalityLbSetting:              &networking.LocalityLoadBalancerSetting{Enabled: wrapperspb.Bool(true)},
 		DefaultServiceExportTo:         []string{"*"},
 		DefaultVirtualServiceExportTo:  []string{"*"},
 		DefaultDestinationRuleExportTo: []string{"*"},

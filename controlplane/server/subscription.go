@@ -111,11 +111,12 @@ func (ss *subscriptions) release(s *subscription) {
 	}
 }
 
-// subKey memoizes a generated set per subscription (and, for routes, namespace).
+// subKey memoizes a generated set per subscription and what else the set depends on: the
+// proxy's scope for routes, its EDS key (scope, and locality when it matters) for endpoints.
 type subKey struct {
-	typ       string
-	sub       *subscription
-	namespace string
+	typ   string
+	sub   *subscription
+	scope string
 }
 
 // generate builds the resources of a type for a connection's subscription; named types are
@@ -129,9 +130,9 @@ func generate(v *xds.View, typ string, w *watch) *xds.Resources {
 	}
 	switch typ {
 	case xds.EndpointType:
-		return v.Snapshot.EDS.Get(subKey{typ: typ, sub: w.sub}, func() any { return xds.Generate(v, typ, w.sub.names) }).(*xds.Resources)
+		return v.Snapshot.EDS.Get(subKey{typ: typ, sub: w.sub, scope: v.EDSKey}, func() any { return xds.Generate(v, typ, w.sub.names) }).(*xds.Resources)
 	case xds.RouteType:
-		return v.Snapshot.Full.Get(subKey{typ: typ, sub: w.sub, namespace: v.Proxy.Namespace}, func() any { return xds.Generate(v, typ, w.sub.names) }).(*xds.Resources)
+		return v.Snapshot.Full.Get(subKey{typ: typ, sub: w.sub, scope: v.RouteKey()}, func() any { return xds.Generate(v, typ, w.sub.names) }).(*xds.Resources)
 	}
 	return xds.Generate(v, typ, w.sub.names)
 }

@@ -2,6 +2,8 @@ package xds
 
 import (
 	"fmt"
+	"net/netip"
+	"strings"
 	"time"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -10,7 +12,10 @@ import (
 	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	networking "istio.io/api/networking/v1alpha3"
 
+	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 )
@@ -37,11 +42,12 @@ func adsConfigSource() *core.ConfigSource {
 	}
 }
 
-// Clusters generates CDS for the proxy: every outbound service port, its inbound ports, and
-// the passthrough and black-hole clusters.
+// Clusters generates CDS for the proxy: the clusters of every service port in its scope
+// (and of every subset its DestinationRules define), its inbound ports, and the passthrough
+// and black-hole clusters.
 func Clusters(v *View) *Resources {
 	return v.cached(ClusterType, func() *Resources {
-		shared := outboundClusters(v.Snapshot)
+		shared := outboundClusters(v)
 		items := make([]*Resource, 0, len(shared)+len(v.Inbounds)+3)
 		items = append(items, shared...)
 		for _, in := range v.Inbounds {
@@ -55,19 +61,54 @@ func Clusters(v *View) *Resources {
 	})
 }
 
-// outboundClusters does not depend on the proxy: built once per full snapshot. This is where
-// a DestinationRule's traffic policy and subsets will be applied.
-func outboundClusters(snap *push.Snapshot) []*Resource {
-	return snap.Full.Get("cds/outbound", func() any {
+type clustersKey struct {
+	scope    string
+	locality string
+}
+
+// outboundClusters depends on the proxy only through its scope (and its locality for DNS
+// clusters with locality load balancing): built once per scope, each cluster once per
+// snapshot and DestinationRule.
+func outboundClusters(v *View) []*Resource {
+	s := v.Scope
+	key := clustersKey{scope: s.Key}
+	if trafficOf(v.Snapshot).localityMatters {
+		key.locality = localityString(v.Proxy)
+	}
+	return v.Snapshot.Full.Get(key, func() any {
 		var out []*Resource
-		for _, svc := range snap.Services {
+		for _, svc := range s.Services {
+			dr := s.DestinationRule(svc.Hostname)
 			for _, p := range svc.Ports {
-				c := buildOutboundCluster(snap, svc, p)
-				out = append(out, newResource(c.Name, c))
+				out = append(out, clusterResource(v, svc, p, dr, nil))
+				for _, sub := range dr.subsets() {
+					out = append(out, clusterResource(v, svc, p, dr, sub))
+				}
 			}
 		}
 		return out
 	}).([]*Resource)
+}
+
+type clusterKey struct {
+	name     string
+	dr       *destRule
+	locality string
+	labels   string
+}
+
+func clusterResource(v *View, svc *model.Service, p model.Port, dr *destRule, sub *networking.Subset) *Resource {
+	name := OutboundClusterName(p.Port, sub.GetName(), svc.Hostname)
+	key := clusterKey{name: name, dr: dr}
+	if svc.Resolution == model.DNSLB || svc.Resolution == model.DNSRoundRobin {
+		// DNS clusters carry their endpoints, which locality balancing orders per client.
+		key.locality = localityString(v.Proxy)
+		key.labels = model.SortedLabels(v.Proxy.Labels)
+	}
+	return v.Snapshot.Full.Get(key, func() any {
+		c := buildOutboundCluster(v, svc, p, dr, sub)
+		return newResource(c.Name, c)
+	}).(*Resource)
 }
 
 func connectTimeout(snap *push.Snapshot) *durationpb.Duration {
@@ -77,14 +118,18 @@ func connectTimeout(snap *push.Snapshot) *durationpb.Duration {
 	return durationpb.New(10 * time.Second)
 }
 
-func buildOutboundCluster(snap *push.Snapshot, svc *model.Service, p model.Port) *cluster.Cluster {
-	name := OutboundClusterName(p.Port, "", svc.Hostname)
+// buildOutboundCluster is the cluster of one service port (or subset) with the traffic
+// policy of its DestinationRule applied as Istio applies it.
+func buildOutboundCluster(v *View, svc *model.Service, p model.Port, dr *destRule, sub *networking.Subset) *cluster.Cluster {
+	snap := v.Snapshot
+	name := OutboundClusterName(p.Port, sub.GetName(), svc.Hostname)
 	c := &cluster.Cluster{
 		Name:           name,
 		ConnectTimeout: connectTimeout(snap),
-		LbPolicy:       cluster.Cluster_ROUND_ROBIN,
 		CommonLbConfig: &cluster.Cluster_CommonLbConfig{},
+		Metadata:       clusterMetadata(svc, dr, sub),
 	}
+	var eps map[*endpoint.LbEndpoint]*model.Endpoint
 	switch svc.Resolution {
 	case model.ClientSideLB:
 		c.ClusterDiscoveryType = &cluster.Cluster_Type{Type: cluster.Cluster_EDS}
@@ -96,7 +141,7 @@ func buildOutboundCluster(snap *push.Snapshot, svc *model.Service, p model.Port)
 		}
 		c.ClusterDiscoveryType = &cluster.Cluster_Type{Type: t}
 		c.DnsLookupFamily = cluster.Cluster_V4_ONLY
-		c.LoadAssignment = loadAssignment(name, snap.Endpoints(svc.Hostname), p.Port)
+		c.LoadAssignment, eps = loadAssignment(name, subsetEndpoints(snap.Endpoints(svc.Hostname), sub), p.Port)
 		if svc.Resolution == model.DNSRoundRobin && len(c.LoadAssignment.Endpoints) > 0 {
 			// LOGICAL_DNS accepts exactly one endpoint.
 			c.LoadAssignment.Endpoints = c.LoadAssignment.Endpoints[:1]
@@ -104,12 +149,66 @@ func buildOutboundCluster(snap *push.Snapshot, svc *model.Service, p model.Port)
 		}
 	case model.Passthrough:
 		c.ClusterDiscoveryType = &cluster.Cluster_Type{Type: cluster.Cluster_ORIGINAL_DST}
-		c.LbPolicy = cluster.Cluster_CLUSTER_PROVIDED
 	}
-	if p.Protocol.IsHTTP2() {
-		c.TypedExtensionProtocolOptions = http2Options()
+	tp := policyFor(dr, sub, p.Port)
+	opts := &clusterOptions{}
+	applyConnectionPool(c, opts, tp.GetConnectionPool(), tp.GetRetryBudget())
+	if p.Protocol.IsHTTP() || tp.GetConnectionPool().GetHttp().GetH2UpgradePolicy() == networking.ConnectionPoolSettings_HTTPSettings_UPGRADE {
+		applyHTTPProtocol(opts, p, tp.GetConnectionPool(), snap.Mesh)
 	}
+	applyOutlierDetection(c, tp.GetOutlierDetection())
+	ll := localitySetting(snap.Mesh, tp.GetLoadBalancer())
+	failover := c.OutlierDetection != nil
+	applyLoadBalancer(c, tp.GetLoadBalancer(), ll, failover)
+	if c.LoadAssignment != nil {
+		applyLocality(c.LoadAssignment, eps, v.Proxy.Locality, v.Proxy.Labels, ll, failover)
+	}
+	upstreamTLS(c, opts, tp.GetTls(), opts.http2() != nil)
+	upstreamProxyProtocol(c, tp.GetProxyProtocol())
+	opts.apply(c)
 	return c
+}
+
+// clusterMetadata is Istio's: the service the cluster belongs to, and the DestinationRule
+// and subset that shaped it.
+func clusterMetadata(svc *model.Service, dr *destRule, sub *networking.Subset) *core.Metadata {
+	fields := map[string]*structpb.Value{
+		"services": structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			"host":      structpb.NewStringValue(svc.Hostname),
+			"name":      structpb.NewStringValue(serviceName(svc)),
+			"namespace": structpb.NewStringValue(svc.Namespace),
+		}})}}),
+	}
+	if dr != nil {
+		fields["config"] = structpb.NewStringValue(dr.meta)
+	}
+	if sub != nil {
+		fields["subset"] = structpb.NewStringValue(sub.GetName())
+	}
+	return &core.Metadata{FilterMetadata: map[string]*structpb.Struct{"istio": {Fields: fields}}}
+}
+
+// serviceName is the Kubernetes service name of a host ("reviews" of
+// "reviews.shop.svc.cluster.local"), else the host, as Istio names ServiceEntry hosts.
+func serviceName(svc *model.Service) string {
+	if parts := strings.Split(svc.Hostname, "."); len(parts) >= 4 && parts[2] == "svc" {
+		return parts[0]
+	}
+	return svc.Hostname
+}
+
+// subsetEndpoints keeps the endpoints whose labels match the subset's.
+func subsetEndpoints(eps []*model.Endpoint, sub *networking.Subset) []*model.Endpoint {
+	if len(sub.GetLabels()) == 0 {
+		return eps
+	}
+	out := make([]*model.Endpoint, 0, len(eps))
+	for _, ep := range eps {
+		if config.SelectorMatches(sub.GetLabels(), ep.Labels) {
+			out = append(out, ep)
+		}
+	}
+	return out
 }
 
 func http2Options() map[string]*anypb.Any {
@@ -130,9 +229,16 @@ func http2Options() map[string]*anypb.Any {
 // pod's own localhost in the local mesh.
 func inboundCluster(v *View, in Inbound) *Resource {
 	name := InboundClusterName(in.Port)
-	addr := "127.0.0.1"
+	addr, port := "127.0.0.1", in.Port
 	if v.Proxy.InterceptionMode == model.InterceptionNone {
 		addr = v.Proxy.Localhost
+	}
+	if in.EndpointAddr != "" {
+		// A Sidecar ingress defaultEndpoint: loopback means the pod's own localhost.
+		addr, port = in.EndpointAddr, in.EndpointPort
+		if ip, err := netip.ParseAddr(addr); err == nil && ip.IsLoopback() && v.Proxy.InterceptionMode == model.InterceptionNone {
+			addr = v.Proxy.Localhost
+		}
 	}
 	c := &cluster.Cluster{
 		Name:                 name,
@@ -142,13 +248,19 @@ func inboundCluster(v *View, in Inbound) *Resource {
 		LoadAssignment: &endpoint.ClusterLoadAssignment{
 			ClusterName: name,
 			Endpoints: []*endpoint.LocalityLbEndpoints{{
-				LbEndpoints: []*endpoint.LbEndpoint{lbEndpoint(addr, in.Port, model.Healthy, 0)},
+				LbEndpoints: []*endpoint.LbEndpoint{lbEndpoint(addr, port, model.Healthy, 0)},
 			}},
 		},
 	}
-	if in.Protocol.IsHTTP2() {
-		c.TypedExtensionProtocolOptions = http2Options()
+	opts := &clusterOptions{}
+	if in.Pool != nil {
+		// The Sidecar's inbound connection pool limits what reaches the application.
+		applyConnectionPool(c, opts, in.Pool, nil)
 	}
+	if in.Protocol.IsHTTP2() {
+		opts.setHTTP2()
+	}
+	opts.apply(c)
 	return newResource(name, c)
 }
 

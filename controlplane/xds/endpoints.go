@@ -2,24 +2,25 @@ package xds
 
 import (
 	"sort"
-	"strconv"
 	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Endpoints generates the ClusterLoadAssignments the proxy asked for. Names that are not EDS
-// clusters of this snapshot are left out (Envoy keeps waiting for them, as with Istio).
-// Each assignment is built once per snapshot and endpoint state and shared.
-func Endpoints(snap *push.Snapshot, names []string) []*Resource {
+// clusters of the proxy's scope are left out (Envoy keeps waiting for them, as with Istio).
+// Each assignment is built once per snapshot, endpoint state and DestinationRule (and client
+// locality, when the rule balances by locality) and shared.
+func Endpoints(v *View, names []string) []*Resource {
 	out := make([]*Resource, 0, len(names))
 	for _, n := range names {
-		if r := EndpointResource(snap, n); r != nil {
+		if r := EndpointResource(v, n); r != nil {
 			out = append(out, r)
 		}
 	}
@@ -27,53 +28,84 @@ func Endpoints(snap *push.Snapshot, names []string) []*Resource {
 }
 
 // EndpointResource returns the assignment for one cluster, or nil when no such EDS cluster
-// exists.
-func EndpointResource(snap *push.Snapshot, name string) *Resource {
-	port, host, ok := parseOutbound(name)
+// exists for the proxy.
+func EndpointResource(v *View, name string) *Resource {
+	port, subset, host, ok := ParseClusterName(name)
 	if !ok {
 		return nil
 	}
-	svc := snap.Service(host)
+	svc := v.Scope.Service(host)
 	if svc == nil || svc.Resolution != model.ClientSideLB {
 		return nil
 	}
-	if _, ok := svc.Port(port); !ok {
+	p, ok := svc.Port(port)
+	if !ok {
 		return nil
 	}
-	return snap.EDS.Get(push.HostKey{Host: host, Name: name}, func() any {
-		return newResource(name, loadAssignment(name, snap.Endpoints(host), port))
+	dr := v.Scope.DestinationRule(host)
+	var sub *networking.Subset
+	if subset != "" {
+		if sub = dr.subset(subset); sub == nil {
+			return nil
+		}
+	}
+	tp := policyFor(dr, sub, p.Port)
+	ll := localitySetting(v.Snapshot.Mesh, tp.GetLoadBalancer())
+	failover := tp.GetOutlierDetection() != nil
+	variant := ""
+	if dr != nil {
+		variant = dr.cfg.Namespace + "/" + dr.cfg.Name
+		if ll != nil && (failover || len(ll.GetDistribute()) > 0) {
+			variant += "|" + localityString(v.Proxy)
+			if failover && len(ll.GetFailoverPriority()) > 0 {
+				variant += "|" + model.SortedLabels(v.Proxy.Labels)
+			}
+		}
+	}
+	return v.Snapshot.EDS.Get(push.HostKey{Host: host, Name: name + "\x00" + variant}, func() any {
+		cla, eps := loadAssignment(name, subsetEndpoints(v.Snapshot.Endpoints(host), sub), port)
+		if dr != nil && ll != nil {
+			applyLocality(cla, eps, v.Proxy.Locality, v.Proxy.Labels, ll, failover)
+		}
+		return newResource(name, cla)
 	}).(*Resource)
 }
 
-// EDSClusterNames lists the EDS clusters of host, for pushing an endpoints-only change.
+// EDSClusterNames lists every EDS cluster of host a proxy may watch (the service's ports and
+// the subsets any DestinationRule defines for it), for pushing an endpoints-only change.
 func EDSClusterNames(snap *push.Snapshot, host string) []string {
 	svc := snap.Service(host)
 	if svc == nil || svc.Resolution != model.ClientSideLB {
 		return nil
 	}
-	out := make([]string, 0, len(svc.Ports))
+	var subsets []string
+	seen := map[string]bool{}
+	for _, dr := range trafficOf(snap).drs {
+		if !hostMatches(host, dr.host) {
+			continue
+		}
+		for _, s := range dr.spec.GetSubsets() {
+			if !seen[s.GetName()] {
+				seen[s.GetName()] = true
+				subsets = append(subsets, s.GetName())
+			}
+		}
+	}
+	out := make([]string, 0, len(svc.Ports)*(1+len(subsets)))
 	for _, p := range svc.Ports {
 		out = append(out, OutboundClusterName(p.Port, "", host))
+		for _, s := range subsets {
+			out = append(out, OutboundClusterName(p.Port, s, host))
+		}
 	}
 	return out
 }
 
-// parseOutbound splits "outbound|<port>|<subset>|<host>"; subsets come with DestinationRules.
-func parseOutbound(name string) (uint32, string, bool) {
-	parts := strings.SplitN(name, "|", 4)
-	if len(parts) != 4 || parts[0] != "outbound" || parts[2] != "" {
-		return 0, "", false
-	}
-	p, err := strconv.ParseUint(parts[1], 10, 32)
-	if err != nil {
-		return 0, "", false
-	}
-	return uint32(p), parts[3], true
-}
-
-// loadAssignment groups the endpoints of one service port by locality.
-func loadAssignment(name string, eps []*model.Endpoint, servicePort uint32) *endpoint.ClusterLoadAssignment {
+// loadAssignment groups the endpoints of one service port by locality, and returns which
+// endpoint each LbEndpoint came from (for label-based failover).
+func loadAssignment(name string, eps []*model.Endpoint, servicePort uint32) (*endpoint.ClusterLoadAssignment, map[*endpoint.LbEndpoint]*model.Endpoint) {
 	byLocality := map[string]*endpoint.LocalityLbEndpoints{}
+	origin := map[*endpoint.LbEndpoint]*model.Endpoint{}
 	var localities []string
 	for _, ep := range eps {
 		// Unhealthy endpoints are left out, as Istio does by default
@@ -89,7 +121,9 @@ func loadAssignment(name string, eps []*model.Endpoint, servicePort uint32) *end
 			byLocality[ep.Locality] = l
 			localities = append(localities, ep.Locality)
 		}
-		l.LbEndpoints = append(l.LbEndpoints, lbEndpoint(ep.Address, ep.Port, ep.Health, ep.Weight))
+		lb := lbEndpoint(ep.Address, ep.Port, ep.Health, ep.Weight)
+		origin[lb] = ep
+		l.LbEndpoints = append(l.LbEndpoints, lb)
 	}
 	sort.Strings(localities)
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpoint.LocalityLbEndpoints{}}
@@ -106,12 +140,14 @@ func loadAssignment(name string, eps []*model.Endpoint, servicePort uint32) *end
 		}
 		cla.Endpoints = append(cla.Endpoints, l)
 	}
-	return cla
+	return cla, origin
 }
 
+// parseLocality reads "region/zone/subzone"; every group of endpoints carries a locality,
+// empty when unknown, as Istio sends it (gRPC's xDS client rejects groups without one).
 func parseLocality(s string) *core.Locality {
 	if s == "" {
-		return nil
+		return &core.Locality{}
 	}
 	parts := strings.SplitN(s, "/", 3)
 	l := &core.Locality{Region: parts[0]}

@@ -12,7 +12,7 @@ func Generate(v *View, typeURL string, names []string) *Resources {
 	case ListenerType:
 		return Listeners(v)
 	case EndpointType:
-		return newResources(Endpoints(v.Snapshot, names))
+		return newResources(Endpoints(v, names))
 	case RouteType:
 		return newResources(Routes(v, names))
 	case ExtensionType:
@@ -29,7 +29,7 @@ func Dump(v *View) map[string]*Resources {
 	out[ClusterType] = cds
 	var eds []string
 	for _, c := range cds.Items {
-		if EndpointResource(v.Snapshot, c.Name) != nil {
+		if EndpointResource(v, c.Name) != nil {
 			eds = append(eds, c.Name)
 		}
 	}

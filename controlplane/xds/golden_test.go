@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -18,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/envoytypes"
 	"github.com/wasmesh/wasmesh/controlplane/mesh"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/model"
@@ -33,6 +36,10 @@ type testProxy struct {
 	ID       string         `json:"id"`
 	Metadata map[string]any `json:"metadata"`
 	Dump     bool           `json:"dump"`
+	// Types limits the dump to some types ("cds", "eds", "lds", "rds"); empty dumps all.
+	Types []string `json:"types"`
+	// Locality is the node's region/zone/subzone.
+	Locality string `json:"locality"`
 }
 
 // fixture is a case directory loaded into a snapshot.
@@ -40,6 +47,7 @@ type fixture struct {
 	snap    *push.Snapshot
 	proxies []*model.Proxy
 	dump    []bool
+	types   [][]string
 }
 
 func loadCase(t *testing.T, dir string) *fixture {
@@ -48,7 +56,7 @@ func loadCase(t *testing.T, dir string) *fixture {
 	require.NoError(t, err)
 	var cs []*config.Config
 	for _, d := range config.ParseFile("input.yaml", data) {
-		require.Nil(t, d.Err)
+		require.Nil(t, d.Err, "%v", d.Err)
 		cs = append(cs, d.Config)
 	}
 	m := mesh.Default()
@@ -68,13 +76,19 @@ func loadCase(t *testing.T, dir string) *fixture {
 	for _, tp := range tps {
 		md, err := structpb.NewStruct(tp.Metadata)
 		require.NoError(t, err)
-		p, err := model.ParseNode(&core.Node{Id: tp.ID, Metadata: md})
+		node := &core.Node{Id: tp.ID, Metadata: md}
+		if tp.Locality != "" {
+			parts := append(strings.SplitN(tp.Locality, "/", 3), "", "")
+			node.Locality = &core.Locality{Region: parts[0], Zone: parts[1], SubZone: parts[2]}
+		}
+		p, err := model.ParseNode(node)
 		require.NoError(t, err)
 		if w, ok := p.Workload(); ok {
 			reg.SetWorkload(w)
 		}
 		f.proxies = append(f.proxies, p)
 		f.dump = append(f.dump, tp.Dump)
+		f.types = append(f.types, tp.Types)
 	}
 	f.snap = push.Build("test", m, config.NewIndex(cs), registry.NewAggregate(reg))
 	return f
@@ -98,9 +112,15 @@ func TestGolden(t *testing.T) {
 				dump := xds.Dump(v)
 				entry := map[string]any{"proxy": p.ID}
 				for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType} {
+					if len(f.types[i]) > 0 && !slices.Contains(f.types[i], xds.ShortType(typ)) {
+						continue
+					}
 					var list []json.RawMessage
 					for _, r := range dump[typ].Items {
 						require.NoError(t, r.Message.(validator).ValidateAll(), "%s %s", xds.ShortType(typ), r.Name)
+						// ValidateAll stops at Any fields (filter configs, transport sockets);
+						// Envoy validates what it unpacks, so the test does too.
+						require.NoError(t, envoytypes.Validate(r.Message), "%s %s", xds.ShortType(typ), r.Name)
 						js, err := protojson.Marshal(r.Message)
 						require.NoError(t, err)
 						list = append(list, js)

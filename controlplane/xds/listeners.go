@@ -8,6 +8,8 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	cors "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
+	fault "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
 	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	originaldst "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -16,10 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Istio's virtual listener names and ports (REDIRECT mode).
@@ -43,7 +43,8 @@ const (
 
 // Listeners generates LDS for the proxy, shaped by its interception mode (see
 // docs/contracts.md): virtual listeners plus bind_to_port=false outbound listeners under
-// REDIRECT, listeners bound on the pod's own addresses under NONE.
+// REDIRECT, listeners bound on the pod's own addresses under NONE. Only the ports of the
+// services in the proxy's scope get outbound listeners.
 func Listeners(v *View) *Resources {
 	return v.cached(ListenerType, func() *Resources {
 		var items []*Resource
@@ -55,10 +56,14 @@ func Listeners(v *View) *Resources {
 			for _, in := range v.Inbounds {
 				taken[in.Port] = true
 			}
-			for _, op := range outboundPorts(v.Snapshot) {
-				if !taken[op.Port] {
-					items = append(items, newResource(outboundListener(v, op, v.Proxy.Localhost, true)))
+			for _, op := range outboundPorts(v) {
+				bind := v.Proxy.Localhost
+				if op.egress.Bind != "" {
+					bind = op.egress.Bind
+				} else if taken[op.Port] {
+					continue
 				}
+				items = append(items, newResource(outboundListener(v, op, bind, true)))
 			}
 			for _, in := range v.Inbounds {
 				items = append(items, newResource(inboundListener(v, in)))
@@ -71,33 +76,62 @@ func Listeners(v *View) *Resources {
 	})
 }
 
-// outboundPort is one service port number with what listens on it: HTTP services share an
-// RDS route configuration; TCP services get a tcp_proxy each, chosen by destination address
+// outboundPort is one listener port with what listens on it: HTTP services share an RDS
+// route configuration; TCP services get a tcp_proxy each, chosen by destination address
 // when they have one.
 type outboundPort struct {
 	Port     uint32
 	HTTP     bool
 	TCP      []*model.Service // services with a TCP protocol on the port, sorted by host
 	HTTPHost []string
+	egress   *egressListener // the Sidecar egress listener the port belongs to
 }
 
-// outboundPorts groups the snapshot's service ports by number; cached per snapshot.
-func outboundPorts(snap *push.Snapshot) []*outboundPort {
-	return snap.Full.Get("lds/ports", func() any {
+type portsKey struct{ scope string }
+
+// outboundPorts groups the ports of the scope's services by number: a Sidecar egress listener
+// with a port takes that port (with its protocol, when it declares one) for the services it
+// imports; the catch-all listener takes every other port of its services. Cached per scope.
+func outboundPorts(v *View) []*outboundPort {
+	s := v.Scope
+	return v.Snapshot.Full.Get(portsKey{s.Key}, func() any {
 		byPort := map[uint32]*outboundPort{}
-		for _, svc := range snap.Services {
-			for _, p := range svc.Ports {
-				op := byPort[p.Port]
-				if op == nil {
-					op = &outboundPort{Port: p.Port}
-					byPort[p.Port] = op
+		claimed := map[uint32]bool{}
+		for _, e := range s.Egress {
+			if e.Port != nil {
+				claimed[e.Port.GetNumber()] = true
+			}
+		}
+		for _, e := range s.Egress {
+			for _, svc := range e.Services {
+				for _, p := range svc.Ports {
+					if e.Port != nil && p.Port != e.Port.GetNumber() || e.Port == nil && claimed[p.Port] {
+						continue
+					}
+					op := byPort[p.Port]
+					if op == nil {
+						op = &outboundPort{Port: p.Port, egress: e}
+						byPort[p.Port] = op
+					}
+					proto := p.Protocol
+					if e.Port != nil && e.Port.GetProtocol() != "" {
+						proto = model.ParseProtocol(e.Port.GetProtocol(), "")
+					}
+					if proto.IsHTTP() {
+						op.HTTP = true
+						op.HTTPHost = append(op.HTTPHost, svc.Hostname)
+					} else {
+						op.TCP = append(op.TCP, svc)
+					}
 				}
-				if p.Protocol.IsHTTP() {
-					op.HTTP = true
-					op.HTTPHost = append(op.HTTPHost, svc.Hostname)
-				} else {
-					op.TCP = append(op.TCP, svc)
-				}
+			}
+		}
+		// A port-specific egress listener exists even when no imported service has its port
+		// (traffic on it goes to the catch-all destination).
+		for _, e := range s.Egress {
+			if e.Port != nil && byPort[e.Port.GetNumber()] == nil {
+				proto := model.ParseProtocol(e.Port.GetProtocol(), e.Port.GetName())
+				byPort[e.Port.GetNumber()] = &outboundPort{Port: e.Port.GetNumber(), egress: e, HTTP: proto.IsHTTP()}
 			}
 		}
 		out := make([]*outboundPort, 0, len(byPort))
@@ -109,12 +143,28 @@ func outboundPorts(snap *push.Snapshot) []*outboundPort {
 	}).([]*outboundPort)
 }
 
-// redirectOutboundListeners do not depend on the proxy beyond its mode: built once.
+func findOutboundPort(v *View, port uint32) *outboundPort {
+	ops := outboundPorts(v)
+	i := sort.Search(len(ops), func(i int) bool { return ops[i].Port >= port })
+	if i < len(ops) && ops[i].Port == port {
+		return ops[i]
+	}
+	return nil
+}
+
+type redirectKey struct{ filters string }
+
+// redirectOutboundListeners depend on the proxy only through its scope and HTTP filters:
+// built once per such kind of proxy.
 func redirectOutboundListeners(v *View) []*Resource {
-	return v.Snapshot.Full.Get("lds/redirect-outbound", func() any {
+	return v.Snapshot.Full.Get(redirectKey{v.FilterKey()}, func() any {
 		var out []*Resource
-		for _, op := range outboundPorts(v.Snapshot) {
-			out = append(out, newResource(outboundListener(v, op, "0.0.0.0", false)))
+		for _, op := range outboundPorts(v) {
+			bind, bindToPort := "0.0.0.0", false
+			if op.egress.Bind != "" {
+				bind, bindToPort = op.egress.Bind, op.egress.CaptureNone
+			}
+			out = append(out, newResource(outboundListener(v, op, bind, bindToPort)))
 		}
 		return out
 	}).([]*Resource)
@@ -166,16 +216,18 @@ func outboundListener(v *View, op *outboundPort, bind string, bindToPort bool) (
 			Filters: []*listener.Filter{tcpProxy(statPrefix, OutboundClusterName(op.Port, "", fallback.Hostname))},
 		})
 	} else {
-		l.DefaultFilterChain = &listener.FilterChain{Name: PassthroughCluster, Filters: []*listener.Filter{tcpProxy(PassthroughCluster, passthroughOrBlackhole(v.Snapshot))}}
+		l.DefaultFilterChain = &listener.FilterChain{Name: PassthroughCluster, Filters: []*listener.Filter{tcpProxy(PassthroughCluster, passthroughOrBlackhole(v, op.Port))}}
 	}
 	return name, l
 }
 
-func passthroughOrBlackhole(snap *push.Snapshot) string {
-	if snap.Mesh.GetOutboundTrafficPolicy().GetMode() == meshconfig.MeshConfig_OutboundTrafficPolicy_REGISTRY_ONLY {
+// passthroughOrBlackhole is where TCP traffic to an unknown destination goes: nowhere under
+// REGISTRY_ONLY, else the Sidecar's egress proxy or the original destination.
+func passthroughOrBlackhole(v *View, port uint32) string {
+	if v.Scope.RegistryOnly {
 		return BlackHoleCluster
 	}
-	return PassthroughCluster
+	return unknownDestinationCluster(v.Scope, port)
 }
 
 func cidr(a string) *core.CidrRange {
@@ -195,7 +247,7 @@ func cidr(a string) *core.CidrRange {
 }
 
 func virtualOutbound(v *View) (string, proto.Message) {
-	target := passthroughOrBlackhole(v.Snapshot)
+	target := passthroughOrBlackhole(v, 0)
 	return VirtualOutboundListener, &listener.Listener{
 		Name:             VirtualOutboundListener,
 		Address:          socketAddress("0.0.0.0", VirtualOutboundPort),
@@ -233,10 +285,14 @@ func virtualInbound(v *View) (string, proto.Message) {
 }
 
 func inboundListener(v *View, in Inbound) (string, proto.Message) {
-	name := fmt.Sprintf("%s_%d", v.Proxy.IP(), in.Port)
+	bind := v.Proxy.IP()
+	if in.Bind != "" {
+		bind = in.Bind
+	}
+	name := fmt.Sprintf("%s_%d", bind, in.Port)
 	return name, &listener.Listener{
 		Name:             name,
-		Address:          socketAddress(v.Proxy.IP(), in.Port),
+		Address:          socketAddress(bind, in.Port),
 		TrafficDirection: core.TrafficDirection_INBOUND,
 		FilterChains:     []*listener.FilterChain{{Name: InboundClusterName(in.Port), Filters: inboundFilters(v, in)}},
 	}
@@ -254,7 +310,7 @@ func inboundFilters(v *View, in Inbound) []*listener.Filter {
 		VirtualHosts: []*route.VirtualHost{{
 			Name:    fmt.Sprintf("inbound|http|%d", in.Port),
 			Domains: []string{"*"},
-			Routes:  []*route.Route{defaultRoute(cluster, firstHost(in.Hosts), in.ServicePort)},
+			Routes:  []*route.Route{inboundRoute(cluster, firstHost(in.Hosts), in.ServicePort)},
 		}},
 	}
 	return []*listener.Filter{httpConnectionManager(v, statPrefix, DirInbound, &hcm.HttpConnectionManager_RouteConfig{RouteConfig: rc})}
@@ -270,10 +326,13 @@ func firstHost(hosts []string) string {
 // httpFilters is the HTTP filter chain of a listener. WasmPlugin and EnvoyFilter translators
 // insert their filters (ECDS references) ahead of the router here.
 func httpFilters(v *View, dir Direction) []*hcm.HttpFilter {
-	return []*hcm.HttpFilter{{
-		Name:       wellknown.Router,
-		ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})},
-	}}
+	// Fault and CORS come first, as in Istio: routes configure them per route
+	// (typed_per_filter_config) and they do nothing on routes that do not.
+	return []*hcm.HttpFilter{
+		{Name: FaultFilter, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&fault.HTTPFault{})}},
+		{Name: CorsFilter, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&cors.Cors{})}},
+		{Name: wellknown.Router, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})}},
+	}
 }
 
 func httpConnectionManager(v *View, statPrefix string, dir Direction, routes any) *listener.Filter {

@@ -2,19 +2,29 @@ package xds
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
+
+	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
-// Inbound is one port a proxy serves for the services that select it.
+// Inbound is one port a proxy serves for the services that select it, or for an ingress
+// listener of its Sidecar.
 type Inbound struct {
 	Port        uint32 // the workload port (service targetPort or named pod port)
 	Protocol    model.Protocol
 	ServicePort uint32
 	Hosts       []string // services served on this port
+	// From a Sidecar ingress listener: the address to bind (empty: the proxy's), where the
+	// application listens (empty: the proxy's localhost on Port), and connection limits.
+	Bind         string
+	EndpointAddr string
+	EndpointPort uint32
+	Pool         *networking.ConnectionPoolSettings
 }
 
 // View is a proxy as seen through one snapshot: what the generators need to know about it.
@@ -22,6 +32,13 @@ type View struct {
 	Proxy    *model.Proxy
 	Snapshot *push.Snapshot
 	Inbounds []Inbound // sorted by port
+	// Scope is what the proxy can reach (its Sidecar, exportTo), shared by every proxy with
+	// the same scope key.
+	Scope *Scope
+	// EDSKey holds the proxy properties its endpoints depend on beyond the cluster name: the
+	// scope (which DestinationRule defines a subset) and, when a rule balances by locality,
+	// the proxy's locality.
+	EDSKey string
 	// Key holds exactly the proxy properties the generated LDS/CDS/RDS depend on; proxies with
 	// equal keys receive identical resources, so results are cached under it.
 	Key string
@@ -31,7 +48,8 @@ type View struct {
 // same view, so connections compute it once per snapshot (see CachedView).
 func Shape(p *model.Proxy) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s|%s|%s|%s|%s", p.Type, p.InterceptionMode, p.Namespace, model.SortedLabels(p.Labels), p.Localhost)
+	fmt.Fprintf(&b, "%s|%s|%s|%s|%s|%s|%s", p.Type, p.InterceptionMode, p.Namespace, model.SortedLabels(p.Labels), p.Localhost,
+		p.Generator, localityString(p))
 	if p.InterceptionMode == model.InterceptionNone {
 		b.WriteString("|" + p.IP())
 	}
@@ -57,7 +75,11 @@ func CachedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
 
 // NewView computes the proxy's inbound ports and cache key for a snapshot.
 func NewView(snap *push.Snapshot, p *model.Proxy) *View {
-	v := &View{Proxy: p, Snapshot: snap}
+	v := &View{Proxy: p, Snapshot: snap, Scope: scopeFor(snap, p)}
+	v.EDSKey = v.Scope.Key
+	if trafficOf(snap).localityMatters {
+		v.EDSKey += "|" + localityString(p)
+	}
 	named := map[string]uint32{}
 	for _, pp := range p.PodPorts {
 		if pp.Name != "" {
@@ -86,22 +108,71 @@ func NewView(snap *push.Snapshot, p *model.Proxy) *View {
 			in.Hosts = append(in.Hosts, svc.Hostname)
 		}
 	}
+	if len(v.Scope.Ingress) > 0 {
+		// A Sidecar's ingress listeners replace the ports the services imply.
+		services := byPort
+		byPort = map[uint32]*Inbound{}
+		for _, il := range v.Scope.Ingress {
+			port := il.GetPort().GetNumber()
+			in := &Inbound{Port: port, ServicePort: port, Protocol: model.ParseProtocol(il.GetPort().GetProtocol(), il.GetPort().GetName()),
+				Bind: il.GetBind(), Pool: il.GetConnectionPool()}
+			if svc := services[port]; svc != nil {
+				in.ServicePort, in.Hosts = svc.ServicePort, svc.Hosts
+			}
+			if ep := il.GetDefaultEndpoint(); ep != "" {
+				ap := netip.MustParseAddrPort(ep) // validated
+				in.EndpointAddr, in.EndpointPort = ap.Addr().String(), uint32(ap.Port())
+				if ap.Addr().IsUnspecified() {
+					in.EndpointAddr = p.IP()
+				}
+			}
+			byPort[port] = in
+		}
+	}
 	for _, in := range byPort {
+		if in.Pool == nil {
+			in.Pool = v.Scope.InboundConnectionPool
+		}
 		v.Inbounds = append(v.Inbounds, *in)
 	}
 	sort.Slice(v.Inbounds, func(i, j int) bool { return v.Inbounds[i].Port < v.Inbounds[j].Port })
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s|%s|%s|%s", p.Type, p.InterceptionMode, p.Namespace, model.SortedLabels(p.Labels))
+	fmt.Fprintf(&b, "%s|%s|%s|%s|%s|%s", p.Type, p.InterceptionMode, p.Namespace, model.SortedLabels(p.Labels), p.Generator, v.Scope.Key)
+	if v.Scope.Sidecar != nil || trafficOf(snap).localityMatters {
+		// Ingress binds and endpoints use the proxy's addresses; DNS clusters its locality.
+		fmt.Fprintf(&b, "|%s|%s|%s", p.Localhost, p.IP(), localityString(p))
+	}
 	if p.InterceptionMode == model.InterceptionNone {
 		// Listeners bind the proxy's own addresses only without interception.
 		fmt.Fprintf(&b, "|%s|%s", p.Localhost, p.IP())
 	}
 	for _, in := range v.Inbounds {
-		fmt.Fprintf(&b, "|%d/%s", in.Port, in.Protocol)
+		fmt.Fprintf(&b, "|%d/%s/%s/%s:%d", in.Port, in.Protocol, in.Bind, in.EndpointAddr, in.EndpointPort)
 	}
 	v.Key = b.String()
 	return v
+}
+
+// RouteKey names what the proxy's route configurations depend on (its scope, and the kind
+// of client).
+func (v *View) RouteKey() string { return v.Scope.Key + "|" + v.Proxy.Generator }
+
+// FilterKey names what the HTTP filters of the proxy's listeners depend on, for caches of
+// listeners shared beyond one view. Translators whose filters select proxies (by labels)
+// must extend it.
+func (v *View) FilterKey() string { return v.Scope.Key }
+
+// IsGRPC reports whether the client is a proxyless gRPC application (node metadata
+// GENERATOR "grpc"), which gets the resource shapes gRPC's xDS client accepts.
+func (v *View) IsGRPC() bool { return v.Proxy.Generator == "grpc" }
+
+func localityString(p *model.Proxy) string {
+	l := p.Locality
+	if l == nil {
+		return ""
+	}
+	return l.GetRegion() + "/" + l.GetZone() + "/" + l.GetSubZone()
 }
 
 type cacheKey struct {

@@ -9,14 +9,13 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	meshconfig "istio.io/api/mesh/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Routes generates the outbound route configurations the proxy asked for, one per HTTP
-// service port, named "<port>". Unknown names are left out.
+// listener port, named "<port>". Unknown names are left out.
 func Routes(v *View, names []string) []*Resource {
 	out := make([]*Resource, 0, len(names))
 	for _, n := range names {
@@ -31,7 +30,7 @@ func Routes(v *View, names []string) []*Resource {
 // wildcard-less clients that need to know what exists.
 func RouteNames(v *View) []string {
 	var out []string
-	for _, op := range outboundPorts(v.Snapshot) {
+	for _, op := range outboundPorts(v) {
 		if op.HTTP {
 			out = append(out, strconv.Itoa(int(op.Port)))
 		}
@@ -39,71 +38,153 @@ func RouteNames(v *View) []string {
 	return out
 }
 
+type routeKey struct {
+	scope string
+	name  string
+}
+
 func routeResource(v *View, name string) *Resource {
 	port, err := strconv.ParseUint(name, 10, 32)
 	if err != nil {
 		return nil
 	}
-	var op *outboundPort
-	for _, o := range outboundPorts(v.Snapshot) {
-		if o.Port == uint32(port) && o.HTTP {
-			op = o
-		}
-	}
-	if op == nil {
+	op := findOutboundPort(v, uint32(port))
+	if op == nil || !op.HTTP {
 		return nil
 	}
-	// Short host names depend on the proxy's namespace, nothing else does (yet): cache per
-	// namespace. Sidecar-scoped and VirtualService-shaped routes will extend this key.
-	return v.Snapshot.Full.Get("rds/"+v.Proxy.Namespace+"/"+name, func() any {
+	// Routes depend on the proxy only through its scope (namespace, Sidecar, and labels when
+	// a VirtualService or DestinationRule selects by them).
+	return v.Snapshot.Full.Get(routeKey{v.RouteKey(), name}, func() any {
 		rc := &route.RouteConfiguration{
 			Name:             name,
 			ValidateClusters: wrapperspb.Bool(false),
-			VirtualHosts:     virtualHosts(v.Snapshot, v.Proxy.Namespace, op),
+			VirtualHosts:     virtualHosts(v, op, false),
 		}
 		return newResource(name, rc)
 	}).(*Resource)
 }
 
-// virtualHosts builds one virtual host per HTTP service on the port. A VirtualService for a
-// host replaces that host's default route here.
-func virtualHosts(snap *push.Snapshot, proxyNS string, op *outboundPort) []*route.VirtualHost {
-	hosts := append([]string(nil), op.HTTPHost...)
-	sort.Strings(hosts)
+// virtualHosts builds the virtual hosts of one listener port: a VirtualService's routes for
+// the services it names, the default route for the others, and the catch-all for
+// destinations outside the registry.
+func virtualHosts(v *View, op *outboundPort, grpc bool) []*route.VirtualHost {
+	s := v.Scope
+	rc := &routeCtx{scope: s, mesh: v.Snapshot.Mesh, port: op.Port, grpc: grpc}
+	e := op.egress
+	type entry struct {
+		name    string
+		domains []string
+		routes  []*route.Route
+	}
+	var entries []entry
+	routed := map[string]bool{}
+	for _, vs := range e.VS {
+		var hosts []string
+		for _, h := range op.HTTPHost {
+			if e.vsByHost[h] == vs {
+				hosts = append(hosts, h)
+			}
+		}
+		var external []string
+		if op.Port == 80 {
+			external = e.vsOnlyHosts[vs]
+		}
+		if len(hosts) == 0 && len(external) == 0 {
+			continue
+		}
+		routes := rc.vsRoutes(vs)
+		if len(routes) == 0 {
+			continue // nothing applies on this port: the services keep their default route
+		}
+		for _, h := range hosts {
+			routed[h] = true
+			entries = append(entries, entry{name: h, domains: domainsFor(s.Service(h), s.Namespace, op.Port), routes: routes})
+		}
+		for _, h := range external {
+			entries = append(entries, entry{name: h, domains: []string{h, fmt.Sprintf("%s:%d", h, op.Port)}, routes: routes})
+		}
+	}
+	for _, h := range op.HTTPHost {
+		if routed[h] {
+			continue
+		}
+		svc := s.Service(h)
+		hash := rc.serviceHash(h)
+		entries = append(entries, entry{name: h, domains: domainsFor(svc, s.Namespace, op.Port),
+			routes: []*route.Route{defaultHTTPRoute(v.Snapshot.Mesh, OutboundClusterName(op.Port, "", h), h, op.Port, hash, grpc)}})
+	}
+	sort.SliceStable(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
 	seen := map[string]bool{}
-	var out []*route.VirtualHost
-	for _, h := range hosts {
-		svc := snap.Service(h)
+	out := make([]*route.VirtualHost, 0, len(entries)+1)
+	for _, en := range entries {
 		var domains []string
-		for _, d := range domainsFor(svc, proxyNS, op.Port) {
-			// A short name can only belong to one virtual host; the first service keeps it.
+		for _, d := range en.domains {
+			// A domain can only belong to one virtual host; the first keeps it.
 			if !seen[d] {
 				seen[d] = true
 				domains = append(domains, d)
 			}
 		}
-		cluster := OutboundClusterName(op.Port, "", h)
+		if len(domains) == 0 {
+			continue
+		}
 		out = append(out, &route.VirtualHost{
-			Name:    fmt.Sprintf("%s:%d", h, op.Port),
-			Domains: domains,
-			Routes:  []*route.Route{defaultRoute(cluster, h, op.Port)},
+			Name:                       fmt.Sprintf("%s:%d", en.name, op.Port),
+			Domains:                    domains,
+			Routes:                     en.routes,
+			IncludeRequestAttemptCount: true,
 		})
 	}
-	if snap.Mesh.GetOutboundTrafficPolicy().GetMode() == meshconfig.MeshConfig_OutboundTrafficPolicy_REGISTRY_ONLY {
+	if grpc {
+		return out
+	}
+	if s.RegistryOnly {
 		out = append(out, &route.VirtualHost{
-			Name: "block_all", Domains: []string{"*"},
+			Name: "block_all", Domains: []string{"*"}, IncludeRequestAttemptCount: true,
 			Routes: []*route.Route{{Name: "block_all", Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
 				Action: &route.Route_DirectResponse{DirectResponse: &route.DirectResponseAction{Status: 502}}}},
 		})
 	} else {
 		out = append(out, &route.VirtualHost{
-			Name: "allow_any", Domains: []string{"*"},
+			Name: "allow_any", Domains: []string{"*"}, IncludeRequestAttemptCount: true,
 			Routes: []*route.Route{{Name: "allow_any", Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
 				Action: &route.Route_Route{Route: &route.RouteAction{
-					ClusterSpecifier: &route.RouteAction_Cluster{Cluster: PassthroughCluster}, Timeout: durationpb.New(0)}}}},
+					ClusterSpecifier: &route.RouteAction_Cluster{Cluster: unknownDestinationCluster(s, op.Port)},
+					Timeout:          durationpb.New(0),
+					MaxGrpcTimeout:   durationpb.New(0), //nolint:staticcheck // as Istio
+				}}}},
 		})
 	}
 	return out
+}
+
+// serviceHash is the consistent-hash key of a service's DestinationRule for the port (a
+// port-level setting wins), used on the service's default route.
+func (rc *routeCtx) serviceHash(host string) *networking.LoadBalancerSettings_ConsistentHashLB {
+	dr := rc.scope.DestinationRule(host)
+	if dr == nil {
+		return nil
+	}
+	tp := dr.spec.GetTrafficPolicy()
+	hash := tp.GetLoadBalancer().GetConsistentHash()
+	for _, pl := range tp.GetPortLevelSettings() {
+		if pl.GetPort().GetNumber() == rc.port {
+			if h := pl.GetLoadBalancer().GetConsistentHash(); h != nil {
+				hash = h
+			}
+			break
+		}
+	}
+	return hash
+}
+
+// unknownDestinationCluster receives traffic for hosts outside the registry: the Sidecar's
+// egress proxy, else the passthrough cluster.
+func unknownDestinationCluster(s *Scope, port uint32) string {
+	if ep := s.EgressProxy; ep != nil {
+		return OutboundClusterName(ep.GetPort().GetNumber(), ep.GetSubset(), resolveHost(ep.GetHost(), s.Namespace))
+	}
+	return PassthroughCluster
 }
 
 // domainsFor lists the names a client may use for a service: the host, the short forms of a
@@ -130,16 +211,18 @@ func domainsFor(svc *model.Service, proxyNS string, port uint32) []string {
 	return out
 }
 
-// defaultRoute sends every request to cluster, Istio's route for a service without a
-// VirtualService.
-func defaultRoute(cluster, host string, port uint32) *route.Route {
+// inboundRoute sends every request to the inbound cluster, without timeout.
+func inboundRoute(cluster, host string, port uint32) *route.Route {
 	return &route.Route{
 		Name:  "default",
 		Match: &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: "/"}},
 		Action: &route.Route_Route{Route: &route.RouteAction{
 			ClusterSpecifier: &route.RouteAction_Cluster{Cluster: cluster},
-			// Istio disables Envoy's 15 s default; a VirtualService sets timeouts.
-			Timeout: durationpb.New(0),
+			Timeout:          durationpb.New(0),
+			MaxStreamDuration: &route.RouteAction_MaxStreamDuration{
+				MaxStreamDuration:    durationpb.New(0),
+				GrpcTimeoutHeaderMax: durationpb.New(0),
+			},
 		}},
 		Decorator: &route.Decorator{Operation: fmt.Sprintf("%s:%d/*", host, port)},
 	}

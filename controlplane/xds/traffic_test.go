@@ -1,0 +1,327 @@
+package xds_test
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	fault "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	previoushosts "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/mesh"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
+)
+
+// The tests in this file check the semantics of the generated configuration: that what a
+// VirtualService or DestinationRule asks for lands in the fields Envoy reads.
+
+const reviewsSE = `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http, targetPort: 8080}]
+  endpoints:
+  - {address: 10.1.0.1, labels: {version: v1}}
+  - {address: 10.1.0.2, labels: {version: v2}}
+  - {address: 10.1.0.3, labels: {version: v2}}
+`
+
+const reviewsSubsets = `---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: shop}
+spec:
+  host: reviews.shop.svc.cluster.local
+  subsets: [{name: v1, labels: {version: v1}}, {name: v2, labels: {version: v2}}]
+`
+
+// viewOf builds a snapshot from configs and returns a proxy's view of it.
+func viewOf(t *testing.T, yaml string, md map[string]any) *xds.View {
+	t.Helper()
+	var cs []*config.Config
+	for _, d := range config.ParseFile("test.yaml", []byte(yaml)) {
+		require.Nil(t, d.Err, "%v", d.Err)
+		cs = append(cs, d.Config)
+	}
+	reg := registry.NewServiceEntries(slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	reg.SetConfigs(cs)
+	snap := push.Build("test", mesh.Default(), config.NewIndex(cs), registry.NewAggregate(reg))
+	if md == nil {
+		md = map[string]any{"NAMESPACE": "shop", "LABELS": map[string]any{"app": "client"}}
+	}
+	s, err := structpb.NewStruct(md)
+	require.NoError(t, err)
+	ns, _ := md["NAMESPACE"].(string)
+	p, err := model.ParseNode(&core.Node{Id: "sidecar~10.2.0.1~client-1." + ns + "~" + ns + ".svc.cluster.local", Metadata: s})
+	require.NoError(t, err)
+	return xds.NewView(snap, p)
+}
+
+func routeConfig(t *testing.T, v *xds.View, name string) *route.RouteConfiguration {
+	t.Helper()
+	rs := xds.Routes(v, []string{name})
+	require.Len(t, rs, 1, "route configuration %s", name)
+	return rs[0].Message.(*route.RouteConfiguration)
+}
+
+func vhost(t *testing.T, rc *route.RouteConfiguration, name string) *route.VirtualHost {
+	t.Helper()
+	for _, vh := range rc.GetVirtualHosts() {
+		if vh.GetName() == name {
+			return vh
+		}
+	}
+	t.Fatalf("no virtual host %s in %s", name, rc.GetName())
+	return nil
+}
+
+func clusterOf(t *testing.T, v *xds.View, name string) *cluster.Cluster {
+	t.Helper()
+	r := xds.Clusters(v).Find(name)
+	require.NotNil(t, r, "cluster %s", name)
+	return r.Message.(*cluster.Cluster)
+}
+
+func endpointsOf(t *testing.T, v *xds.View, name string) []string {
+	t.Helper()
+	rs := xds.Endpoints(v, []string{name})
+	require.Len(t, rs, 1, "assignment %s", name)
+	var out []string
+	for _, le := range rs[0].Message.(*endpoint.ClusterLoadAssignment).GetEndpoints() {
+		for _, lb := range le.GetLbEndpoints() {
+			out = append(out, lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
+		}
+	}
+	return out
+}
+
+func TestWeightsLandInWeightedClustersOfSubsetClusters(t *testing.T) {
+	v := viewOf(t, reviewsSE+reviewsSubsets+`---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  http:
+  - route:
+    - {destination: {host: reviews.shop.svc.cluster.local, subset: v1}, weight: 80}
+    - {destination: {host: reviews.shop.svc.cluster.local, subset: v2}, weight: 20}
+`, nil)
+	r := vhost(t, routeConfig(t, v, "9080"), "reviews.shop.svc.cluster.local:9080").GetRoutes()[0]
+	wc := r.GetRoute().GetWeightedClusters().GetClusters()
+	require.Len(t, wc, 2)
+	assert.Equal(t, "outbound|9080|v1|reviews.shop.svc.cluster.local", wc[0].GetName())
+	assert.Equal(t, uint32(80), wc[0].GetWeight().GetValue())
+	assert.Equal(t, "outbound|9080|v2|reviews.shop.svc.cluster.local", wc[1].GetName())
+	assert.Equal(t, uint32(20), wc[1].GetWeight().GetValue())
+
+	// Each subset is its own EDS cluster whose assignment holds only the subset's endpoints.
+	for subset, want := range map[string][]string{"v1": {"10.1.0.1"}, "v2": {"10.1.0.2", "10.1.0.3"}, "": {"10.1.0.1", "10.1.0.2", "10.1.0.3"}} {
+		name := xds.OutboundClusterName(9080, subset, "reviews.shop.svc.cluster.local")
+		c := clusterOf(t, v, name)
+		assert.Equal(t, cluster.Cluster_EDS, c.GetType())
+		assert.Equal(t, name, c.GetEdsClusterConfig().GetServiceName())
+		assert.Equal(t, want, endpointsOf(t, v, name), subset)
+	}
+}
+
+func TestDefaultRetryPolicyAsIstioGeneratesIt(t *testing.T) {
+	v := viewOf(t, reviewsSE, nil)
+	r := vhost(t, routeConfig(t, v, "9080"), "reviews.shop.svc.cluster.local:9080").GetRoutes()[0]
+	rp := r.GetRoute().GetRetryPolicy()
+	require.NotNil(t, rp, "routes without a VirtualService retry by default")
+	assert.Equal(t, uint32(2), rp.GetNumRetries().GetValue())
+	assert.Equal(t, "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes", rp.GetRetryOn())
+	assert.Equal(t, []uint32{503}, rp.GetRetriableStatusCodes())
+	assert.Equal(t, int64(5), rp.GetHostSelectionRetryMaxAttempts())
+	require.Len(t, rp.GetRetryHostPredicate(), 1)
+	assert.Equal(t, "envoy.retry_host_predicates.previous_hosts", rp.GetRetryHostPredicate()[0].GetName())
+	assert.NoError(t, rp.GetRetryHostPredicate()[0].GetTypedConfig().UnmarshalTo(&previoushosts.PreviousHostsPredicate{}))
+	assert.Zero(t, r.GetRoute().GetTimeout().AsDuration(), "no timeout unless a VirtualService sets one")
+
+	// The same default applies to VirtualService routes without retries.
+	v = viewOf(t, reviewsSE+reviewsSubsets+`---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  http: [{route: [{destination: {host: reviews.shop.svc.cluster.local, subset: v1}}]}]
+`, nil)
+	r = vhost(t, routeConfig(t, v, "9080"), "reviews.shop.svc.cluster.local:9080").GetRoutes()[0]
+	assert.Equal(t, uint32(2), r.GetRoute().GetRetryPolicy().GetNumRetries().GetValue())
+}
+
+func TestRetriesTimeoutsAndFaultsLandWhereEnvoyReadsThem(t *testing.T) {
+	v := viewOf(t, reviewsSE+reviewsSubsets+`---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  http:
+  - match: [{uri: {prefix: /retry}}]
+    timeout: 3s
+    retries: {attempts: 3, perTryTimeout: 500ms, retryOn: "5xx,429"}
+    route: [{destination: {host: reviews.shop.svc.cluster.local, subset: v2}}]
+  - match: [{uri: {prefix: /once}}]
+    retries: {attempts: 0}
+    route: [{destination: {host: reviews.shop.svc.cluster.local, subset: v2}}]
+  - fault:
+      abort: {httpStatus: 418, percentage: {value: 50}}
+      delay: {fixedDelay: 2s, percentage: {value: 0.5}}
+    route: [{destination: {host: reviews.shop.svc.cluster.local, subset: v1}}]
+`, nil)
+	routes := vhost(t, routeConfig(t, v, "9080"), "reviews.shop.svc.cluster.local:9080").GetRoutes()
+	require.Len(t, routes, 3)
+
+	retry := routes[0].GetRoute()
+	assert.Equal(t, 3*time.Second, retry.GetTimeout().AsDuration())
+	assert.Equal(t, 3*time.Second, retry.GetMaxGrpcTimeout().AsDuration()) //nolint:staticcheck // Istio sets it
+	rp := retry.GetRetryPolicy()
+	assert.Equal(t, uint32(3), rp.GetNumRetries().GetValue())
+	assert.Equal(t, 500*time.Millisecond, rp.GetPerTryTimeout().AsDuration())
+	assert.Equal(t, "5xx,retriable-status-codes", rp.GetRetryOn())
+	assert.Equal(t, []uint32{429}, rp.GetRetriableStatusCodes())
+
+	assert.Nil(t, routes[1].GetRoute().GetRetryPolicy(), "attempts: 0 disables retries")
+
+	var hf fault.HTTPFault
+	require.NoError(t, routes[2].GetTypedPerFilterConfig()[xds.FaultFilter].UnmarshalTo(&hf))
+	assert.Equal(t, uint32(418), hf.GetAbort().GetHttpStatus())
+	assert.Equal(t, &typev3.FractionalPercent{Numerator: 500000, Denominator: typev3.FractionalPercent_MILLION}, hf.GetAbort().GetPercentage())
+	assert.Equal(t, 2*time.Second, hf.GetDelay().GetFixedDelay().AsDuration())
+	assert.Equal(t, &typev3.FractionalPercent{Numerator: 5000, Denominator: typev3.FractionalPercent_MILLION}, hf.GetDelay().GetPercentage())
+
+	// The per-route fault config only works with the fault filter in the connection manager,
+	// ahead of the router.
+	l := xds.Listeners(v).Find("0.0.0.0_9080").Message.(*listener.Listener)
+	var m hcm.HttpConnectionManager
+	require.NoError(t, l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&m))
+	var names []string
+	for _, f := range m.GetHttpFilters() {
+		names = append(names, f.GetName())
+	}
+	assert.Equal(t, []string{xds.FaultFilter, xds.CorsFilter, xds.RouterFilter}, names)
+}
+
+func TestOutlierDetectionAndCircuitBreakersLandWhereEnvoyReadsThem(t *testing.T) {
+	v := viewOf(t, reviewsSE+`---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: shop}
+spec:
+  host: reviews.shop.svc.cluster.local
+  trafficPolicy:
+    loadBalancer: {simple: LEAST_REQUEST}
+    connectionPool:
+      tcp: {maxConnections: 10, connectTimeout: 250ms}
+      http: {http1MaxPendingRequests: 1, http2MaxRequests: 5, maxRetries: 2, maxRequestsPerConnection: 1}
+    outlierDetection: {consecutive5xxErrors: 3, interval: 2s, baseEjectionTime: 1m, maxEjectionPercent: 100}
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - name: v2
+    labels: {version: v2}
+    trafficPolicy: {outlierDetection: {consecutiveGatewayErrors: 1, interval: 1s}}
+`, nil)
+	for _, name := range []string{"outbound|9080||reviews.shop.svc.cluster.local", "outbound|9080|v1|reviews.shop.svc.cluster.local"} {
+		c := clusterOf(t, v, name)
+		od := c.GetOutlierDetection()
+		require.NotNil(t, od, name)
+		assert.Equal(t, uint32(3), od.GetConsecutive_5Xx().GetValue())
+		assert.Equal(t, uint32(100), od.GetEnforcingConsecutive_5Xx().GetValue())
+		assert.Equal(t, uint32(0), od.GetEnforcingSuccessRate().GetValue(), "success-rate ejection is off")
+		assert.Equal(t, 2*time.Second, od.GetInterval().AsDuration())
+		assert.Equal(t, time.Minute, od.GetBaseEjectionTime().AsDuration())
+		assert.Equal(t, uint32(100), od.GetMaxEjectionPercent().GetValue())
+		assert.Equal(t, float64(0), c.GetCommonLbConfig().GetHealthyPanicThreshold().GetValue(), "panic mode off")
+		th := c.GetCircuitBreakers().GetThresholds()[0]
+		assert.Equal(t, uint32(10), th.GetMaxConnections().GetValue())
+		assert.Equal(t, uint32(1), th.GetMaxPendingRequests().GetValue())
+		assert.Equal(t, uint32(5), th.GetMaxRequests().GetValue())
+		assert.Equal(t, uint32(2), th.GetMaxRetries().GetValue())
+		assert.Equal(t, 250*time.Millisecond, c.GetConnectTimeout().AsDuration())
+		assert.Equal(t, cluster.Cluster_LEAST_REQUEST, c.GetLbPolicy())
+	}
+	// A subset's outlier detection replaces the rule's; the rest is inherited.
+	c := clusterOf(t, v, "outbound|9080|v2|reviews.shop.svc.cluster.local")
+	assert.Nil(t, c.GetOutlierDetection().GetConsecutive_5Xx())
+	assert.Equal(t, uint32(1), c.GetOutlierDetection().GetConsecutiveGatewayFailure().GetValue())
+	assert.Equal(t, uint32(100), c.GetOutlierDetection().GetEnforcingConsecutiveGatewayFailure().GetValue())
+	assert.Equal(t, uint32(10), c.GetCircuitBreakers().GetThresholds()[0].GetMaxConnections().GetValue())
+}
+
+func TestConsistentHashPutsTheKeyOnTheRoute(t *testing.T) {
+	v := viewOf(t, reviewsSE+`---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: shop}
+spec:
+  host: reviews.shop.svc.cluster.local
+  trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}
+`, nil)
+	c := clusterOf(t, v, "outbound|9080||reviews.shop.svc.cluster.local")
+	assert.Equal(t, cluster.Cluster_RING_HASH, c.GetLbPolicy())
+	r := vhost(t, routeConfig(t, v, "9080"), "reviews.shop.svc.cluster.local:9080").GetRoutes()[0]
+	require.Len(t, r.GetRoute().GetHashPolicy(), 1)
+	assert.Equal(t, "x-user", r.GetRoute().GetHashPolicy()[0].GetHeader().GetHeaderName())
+}
+
+func TestDestinationRuleLookupPrefersTheClientNamespace(t *testing.T) {
+	cfg := reviewsSE + reviewsSubsets + `---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews-from-web, namespace: web}
+spec:
+  host: reviews.shop.svc.cluster.local
+  trafficPolicy: {loadBalancer: {simple: RANDOM}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews-selected, namespace: web}
+spec:
+  host: reviews.shop.svc.cluster.local
+  workloadSelector: {matchLabels: {app: special}}
+  trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: private, namespace: shop}
+spec:
+  host: "*.shop.svc.cluster.local"
+  exportTo: ["."]
+  trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}
+`
+	name := "outbound|9080||reviews.shop.svc.cluster.local"
+	// The service's namespace has two rules; the exact host wins over the wildcard.
+	assert.Equal(t, cluster.Cluster_LEAST_REQUEST, clusterOf(t, viewOf(t, cfg, nil), name).GetLbPolicy())
+	// A client namespace's own rule wins over the service namespace's.
+	web := map[string]any{"NAMESPACE": "web", "LABELS": map[string]any{"app": "web"}}
+	assert.Equal(t, cluster.Cluster_RANDOM, clusterOf(t, viewOf(t, cfg, web), name).GetLbPolicy())
+	// A rule selecting the client by labels wins over its namespace's plain rule.
+	special := map[string]any{"NAMESPACE": "web", "LABELS": map[string]any{"app": "special"}}
+	assert.Equal(t, cluster.Cluster_ROUND_ROBIN, clusterOf(t, viewOf(t, cfg, special), name).GetLbPolicy())
+	// A rule exported only to its own namespace is invisible elsewhere.
+	other := map[string]any{"NAMESPACE": "other"}
+	assert.Equal(t, cluster.Cluster_LEAST_REQUEST, clusterOf(t, viewOf(t, cfg, other), name).GetLbPolicy())
+}
