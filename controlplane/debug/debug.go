@@ -159,7 +159,7 @@ func configDump(d Deps, w http.ResponseWriter, r *http.Request) {
 	}
 	dump := xds.Dump(c.View())
 	out := map[string]any{"proxy": id, "version": d.Server.Snapshot().Version}
-	for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType} {
+	for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType, xds.ExtensionType} {
 		list := []json.RawMessage{}
 		for _, res := range dump[typ].Items {
 			b, err := protojson.Marshal(res.Message)

@@ -57,7 +57,7 @@ func Clusters(v *View) *Resources {
 		if v.Proxy.InterceptionMode == model.InterceptionRedirect {
 			items = append(items, passthroughCluster(v.Snapshot, InboundPassthroughCluster))
 		}
-		return newResources(items)
+		return newResources(patchClusters(v, items))
 	})
 }
 

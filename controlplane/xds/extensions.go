@@ -37,14 +37,14 @@ type proxyExtensions struct {
 	telemetry *telemetryOverlay
 }
 
-type extKey struct{ ns, labels, match string }
+type extKey struct{ ns, labels, match, generator string }
 
 type compiledKey struct{ key config.Key }
 
 // extensionsOf returns the proxy's extensions in the view's snapshot.
 func extensionsOf(v *View) *proxyExtensions {
 	p := v.Proxy
-	k := extKey{p.Namespace, model.SortedLabels(p.Labels), proxyMatchKey(v.Snapshot, p)}
+	k := extKey{p.Namespace, model.SortedLabels(p.Labels), proxyMatchKey(v.Snapshot, p), p.Generator}
 	return v.Snapshot.Full.Get(k, func() any { return newProxyExtensions(v.Snapshot, p) }).(*proxyExtensions)
 }
 
@@ -57,11 +57,14 @@ func rootNamespace(snap *push.Snapshot) string {
 
 func newProxyExtensions(snap *push.Snapshot, p *model.Proxy) *proxyExtensions {
 	root := rootNamespace(snap)
-	e := &proxyExtensions{
-		plugins: wasmplugin.ForProxy(snap.Configs, root, p.Namespace, p.Labels),
-		byName:  map[string]*wasmplugin.Plugin{},
-		split:   map[string]bool{},
+	e := &proxyExtensions{byName: map[string]*wasmplugin.Plugin{}, split: map[string]bool{}}
+	if p.Generator == "grpc" {
+		// Proxyless gRPC clients run no Wasm and, as with Istio's gRPC generator, take no
+		// EnvoyFilter patches.
+		e.patches = envoyfilter.NewSet(nil, envoyfilter.Proxy{})
+		return e
 	}
+	e.plugins = wasmplugin.ForProxy(snap.Configs, root, p.Namespace, p.Labels)
 	e.telemetry = telemetryFor(snap, p)
 	var key strings.Builder
 	for _, pl := range e.plugins {
@@ -132,8 +135,12 @@ func (e *proxyExtensions) filterName(inbound bool) func(*wasmplugin.Plugin) stri
 
 // ranks tells EnvoyFilter filterClass patches where the plugins' phases are.
 func (e *proxyExtensions) ranks(name string) int {
-	if name == wellknown.Router {
+	switch name {
+	case wellknown.Router:
 		return 5
+	case FaultFilter, CorsFilter:
+		// Right after the plugins without a phase, as in Istio's chain.
+		return 4
 	}
 	plugin, _, _ := wasmplugin.ParseSplitName(name)
 	if p := e.byName[plugin]; p != nil {

@@ -14,7 +14,7 @@ func Generate(v *View, typeURL string, names []string) *Resources {
 	case EndpointType:
 		return newResources(Endpoints(v, names))
 	case RouteType:
-		return newResources(Routes(v, names))
+		return newResources(patchRoutes(v, Routes(v, names)))
 	case ExtensionType:
 		return newResources(ExtensionConfigs(v, names))
 	}
@@ -22,7 +22,8 @@ func Generate(v *View, typeURL string, names []string) *Resources {
 }
 
 // Dump generates every type with the names a proxy would subscribe to (the EDS clusters of
-// its CDS, the route configurations of its LDS), for config_dump and golden tests.
+// its CDS, the route configurations and extension configs of its LDS), for config_dump and
+// golden tests.
 func Dump(v *View) map[string]*Resources {
 	out := map[string]*Resources{}
 	cds := Clusters(v)
@@ -36,5 +37,6 @@ func Dump(v *View) map[string]*Resources {
 	out[EndpointType] = Generate(v, EndpointType, eds)
 	out[ListenerType] = Listeners(v)
 	out[RouteType] = Generate(v, RouteType, RouteNames(v))
+	out[ExtensionType] = Generate(v, ExtensionType, ExtensionNames(v))
 	return out
 }

@@ -36,7 +36,7 @@ type testProxy struct {
 	ID       string         `json:"id"`
 	Metadata map[string]any `json:"metadata"`
 	Dump     bool           `json:"dump"`
-	// Types limits the dump to some types ("cds", "eds", "lds", "rds"); empty dumps all.
+	// Types limits the dump to some types ("cds", "eds", "lds", "rds", "ecds"); empty dumps all.
 	Types []string `json:"types"`
 	// Locality is the node's region/zone/subzone.
 	Locality string `json:"locality"`
@@ -111,9 +111,12 @@ func TestGolden(t *testing.T) {
 				v := xds.NewView(f.snap, p)
 				dump := xds.Dump(v)
 				entry := map[string]any{"proxy": p.ID}
-				for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType} {
+				for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType, xds.ExtensionType} {
 					if len(f.types[i]) > 0 && !slices.Contains(f.types[i], xds.ShortType(typ)) {
 						continue
+					}
+					if typ == xds.ExtensionType && len(f.types[i]) == 0 && len(dump[typ].Items) == 0 {
+						continue // cases without extensions do not list an empty ECDS
 					}
 					var list []json.RawMessage
 					for _, r := range dump[typ].Items {
@@ -130,6 +133,11 @@ func TestGolden(t *testing.T) {
 				if f.dump[i] {
 					out = append(out, entry)
 				}
+			}
+			// Configuration that could not be applied (EnvoyFilter patches that would make a
+			// resource invalid, ...) is reported, not sent.
+			if problems := xds.Problems(f.snap); len(problems) > 0 {
+				out = append(out, map[string]any{"problems": problems})
 			}
 			js, err := json.Marshal(out)
 			require.NoError(t, err)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/wasmplugin"
 )
 
 // Istio's virtual listener names and ports (REDIRECT mode).
@@ -72,7 +73,7 @@ func Listeners(v *View) *Resources {
 			items = append(items, redirectOutboundListeners(v)...)
 			items = append(items, newResource(virtualOutbound(v)), newResource(virtualInbound(v)))
 		}
-		return newResources(items)
+		return newResources(patchListeners(v, items))
 	})
 }
 
@@ -185,7 +186,7 @@ func outboundListener(v *View, op *outboundPort, bind string, bindToPort bool) (
 		// HTTP wins a port that also has TCP services, Istio's conflict rule; the TCP
 		// services stay reachable through their own addresses only under REDIRECT.
 		l.FilterChains = []*listener.FilterChain{{
-			Filters: []*listener.Filter{httpConnectionManager(v, statPrefix, DirOutbound, &hcm.HttpConnectionManager_Rds{
+			Filters: []*listener.Filter{httpConnectionManager(v, statPrefix, DirOutbound, op.Port, &hcm.HttpConnectionManager_Rds{
 				Rds: &hcm.Rds{ConfigSource: adsConfigSource(), RouteConfigName: strconv.Itoa(int(op.Port))},
 			})},
 		}}
@@ -313,7 +314,7 @@ func inboundFilters(v *View, in Inbound) []*listener.Filter {
 			Routes:  []*route.Route{inboundRoute(cluster, firstHost(in.Hosts), in.ServicePort)},
 		}},
 	}
-	return []*listener.Filter{httpConnectionManager(v, statPrefix, DirInbound, &hcm.HttpConnectionManager_RouteConfig{RouteConfig: rc})}
+	return []*listener.Filter{httpConnectionManager(v, statPrefix, DirInbound, in.Port, &hcm.HttpConnectionManager_RouteConfig{RouteConfig: rc})}
 }
 
 func firstHost(hosts []string) string {
@@ -323,23 +324,26 @@ func firstHost(hosts []string) string {
 	return hosts[0]
 }
 
-// httpFilters is the HTTP filter chain of a listener. WasmPlugin and EnvoyFilter translators
-// insert their filters (ECDS references) ahead of the router here.
-func httpFilters(v *View, dir Direction) []*hcm.HttpFilter {
-	// Fault and CORS come first, as in Istio: routes configure them per route
-	// (typed_per_filter_config) and they do nothing on routes that do not.
-	return []*hcm.HttpFilter{
-		{Name: FaultFilter, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&fault.HTTPFault{})}},
-		{Name: CorsFilter, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&cors.Cors{})}},
-		{Name: wellknown.Router, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})}},
-	}
+// httpFilters is the HTTP filter chain of a listener. The proxy's WasmPlugins that select the listener (port: the service port outbound, the
+// workload port inbound) come first, by phase and priority, each configured through ECDS;
+// then fault and CORS, which routes configure per route (typed_per_filter_config) and which
+// do nothing on routes that do not; then the router: Istio's order. EnvoyFilter patches apply
+// to the finished listener.
+func httpFilters(v *View, dir Direction, port uint32) []*hcm.HttpFilter {
+	e := extensionsOf(v)
+	inbound := dir == DirInbound
+	return append(wasmplugin.Filters(e.plugins, inbound, port, e.filterName(inbound)),
+		&hcm.HttpFilter{Name: FaultFilter, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&fault.HTTPFault{})}},
+		&hcm.HttpFilter{Name: CorsFilter, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&cors.Cors{})}},
+		&hcm.HttpFilter{Name: wellknown.Router, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})}},
+	)
 }
 
-func httpConnectionManager(v *View, statPrefix string, dir Direction, routes any) *listener.Filter {
+func httpConnectionManager(v *View, statPrefix string, dir Direction, port uint32, routes any) *listener.Filter {
 	m := &hcm.HttpConnectionManager{
 		StatPrefix:  statPrefix,
 		CodecType:   hcm.HttpConnectionManager_AUTO,
-		HttpFilters: httpFilters(v, dir),
+		HttpFilters: httpFilters(v, dir, port),
 		// Istio keeps the client's headers and adds its own request id.
 		UseRemoteAddress: wrapperspb.Bool(false),
 	}

@@ -149,13 +149,11 @@ func patchRoutes(v *View, items []*Resource) []*Resource {
 	return out
 }
 
-// RoutesKey identifies what a proxy's route configurations depend on beyond their names: its
-// namespace (short host names) and its route patches. Proxies with equal keys subscribing to
-// the same names receive the same routes.
-func RoutesKey(v *View) string {
+// routePatchKey extends View.RouteKey with the proxy's route patches.
+func routePatchKey(v *View) string {
 	e := extensionsOf(v)
 	if !e.patches.HasRoutePatches() {
-		return v.Proxy.Namespace
+		return ""
 	}
-	return v.Proxy.Namespace + "|" + e.patches.ID
+	return "|" + e.patches.ID
 }

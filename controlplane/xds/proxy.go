@@ -64,7 +64,9 @@ type viewKey struct{ shape string }
 // CachedView is NewView with the computed part shared by every proxy of the same shape
 // (Shape(p) == shape) within a snapshot.
 func CachedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
-	shared := snap.Full.Get(viewKey{shape}, func() any { return NewView(snap, p) }).(*View)
+	// EnvoyFilter proxy matches may read the proxy's version and metadata: those in use
+	// extend the shape (usually nothing).
+	shared := snap.Full.Get(viewKey{shape + proxyMatchKey(snap, p)}, func() any { return NewView(snap, p) }).(*View)
 	if shared.Proxy == p {
 		return shared
 	}
@@ -150,18 +152,21 @@ func NewView(snap *push.Snapshot, p *model.Proxy) *View {
 	for _, in := range v.Inbounds {
 		fmt.Fprintf(&b, "|%d/%s/%s/%s:%d", in.Port, in.Protocol, in.Bind, in.EndpointAddr, in.EndpointPort)
 	}
+	b.WriteString(proxyMatchKey(snap, p))
 	v.Key = b.String()
 	return v
 }
 
 // RouteKey names what the proxy's route configurations depend on (its scope, and the kind
 // of client).
-func (v *View) RouteKey() string { return v.Scope.Key + "|" + v.Proxy.Generator }
+func (v *View) RouteKey() string {
+	return v.Scope.Key + "|" + v.Proxy.Generator + routePatchKey(v)
+}
 
 // FilterKey names what the HTTP filters of the proxy's listeners depend on, for caches of
 // listeners shared beyond one view. Translators whose filters select proxies (by labels)
 // must extend it.
-func (v *View) FilterKey() string { return v.Scope.Key }
+func (v *View) FilterKey() string { return v.Scope.Key + "|" + extensionsOf(v).wasmKey }
 
 // IsGRPC reports whether the client is a proxyless gRPC application (node metadata
 // GENERATOR "grpc"), which gets the resource shapes gRPC's xDS client accepts.

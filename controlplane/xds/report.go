@@ -14,7 +14,9 @@ import (
 // patch that would have made it invalid (the resource is sent without the patch), or a
 // WasmPlugin or Telemetry whose filter configuration could not be built.
 type Problem struct {
-	Source config.Key `json:"source"`
+	Source config.Key `json:"-"`
+	// Config names Source for humans: "EnvoyFilter default/bad".
+	Config string `json:"config"`
 	// Patch is the index in the EnvoyFilter's configPatches; -1 for other kinds.
 	Patch    int    `json:"patch"`
 	Resource string `json:"resource"`
@@ -67,6 +69,7 @@ func Problems(snap *push.Snapshot) []*Problem {
 
 func (r *Report) add(p *Problem) {
 	p.Message = p.Err.Error()
+	p.Config = p.Source.String()
 	key := p.String()
 	r.mu.Lock()
 	_, seen := r.problems[key]
