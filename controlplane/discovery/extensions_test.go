@@ -13,7 +13,9 @@ import (
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	wasmhttp "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,14 +24,17 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
-// ecdsStream is a raw SotW ADS stream subscribed to extension configs by name, as Envoy
-// subscribes to the filters its listeners discover.
+// ecdsStream is a raw SotW ADS stream subscribed to listeners and to extension configs by
+// name, as Envoy subscribes to the filters its listeners discover. Responses of one
+// connection come in push order (LDS before ECDS), so once an ECDS update has arrived, any LDS
+// update of the same push has too.
 type ecdsStream struct {
 	t      *testing.T
 	stream discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	mu     sync.Mutex
 	got    map[string]*core.TypedExtensionConfig
-	seen   int
+	lds    int // LDS responses received
+	ldsRaw []*listener.Listener
 }
 
 func (e *env) ecds(n *core.Node, names ...string) *ecdsStream {
@@ -38,7 +43,8 @@ func (e *env) ecds(n *core.Node, names ...string) *ecdsStream {
 	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(e.cc).StreamAggregatedResources(ctx)
 	require.NoError(e.t, err)
 	s := &ecdsStream{t: e.t, stream: st, got: map[string]*core.TypedExtensionConfig{}}
-	require.NoError(e.t, st.Send(&discoverypb.DiscoveryRequest{Node: n, TypeUrl: xds.ExtensionType, ResourceNames: names}))
+	require.NoError(e.t, st.Send(&discoverypb.DiscoveryRequest{Node: n, TypeUrl: xds.ListenerType}))
+	require.NoError(e.t, st.Send(&discoverypb.DiscoveryRequest{TypeUrl: xds.ExtensionType, ResourceNames: names}))
 	go func() {
 		for {
 			resp, err := st.Recv()
@@ -46,16 +52,30 @@ func (e *env) ecds(n *core.Node, names ...string) *ecdsStream {
 				return
 			}
 			s.mu.Lock()
-			s.seen++
-			for _, a := range resp.GetResources() {
-				tec := &core.TypedExtensionConfig{}
-				if a.UnmarshalTo(tec) == nil {
-					s.got[tec.GetName()] = tec
+			switch resp.GetTypeUrl() {
+			case xds.ListenerType:
+				s.lds++
+				s.ldsRaw = nil
+				for _, a := range resp.GetResources() {
+					l := &listener.Listener{}
+					if a.UnmarshalTo(l) == nil {
+						s.ldsRaw = append(s.ldsRaw, l)
+					}
+				}
+			case xds.ExtensionType:
+				for _, a := range resp.GetResources() {
+					tec := &core.TypedExtensionConfig{}
+					if a.UnmarshalTo(tec) == nil {
+						s.got[tec.GetName()] = tec
+					}
 				}
 			}
 			s.mu.Unlock()
-			_ = st.Send(&discoverypb.DiscoveryRequest{TypeUrl: xds.ExtensionType, ResourceNames: names,
-				VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+			ack := &discoverypb.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+			if resp.GetTypeUrl() == xds.ExtensionType {
+				ack.ResourceNames = names
+			}
+			_ = st.Send(ack)
 		}
 	}()
 	return s
@@ -72,6 +92,31 @@ func (s *ecdsStream) module(name string) string {
 	w := &wasmhttp.Wasm{}
 	require.NoError(s.t, tec.GetTypedConfig().UnmarshalTo(w))
 	return w.GetConfig().GetVmConfig().GetCode().GetLocal().GetFilename()
+}
+
+func (s *ecdsStream) ldsResponses() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lds
+}
+
+// httpFilters lists the HTTP filters of the named listener's first connection manager.
+func (s *ecdsStream) httpFilters(name string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range s.ldsRaw {
+		if l.GetName() != name {
+			continue
+		}
+		h := &hcm.HttpConnectionManager{}
+		require.NoError(s.t, l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(h))
+		var out []string
+		for _, f := range h.GetHttpFilters() {
+			out = append(out, f.GetName())
+		}
+		return out
+	}
+	return nil
 }
 
 func sum(b []byte) string {
@@ -111,11 +156,18 @@ func TestWasmPluginModuleFetchedVerifiedAndServedOverECDS(t *testing.T) {
 	s := e.ecds(node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1"), "demo.quota")
 	want1 := filepath.Join(cache, sum(v1)+".wasm")
 	require.Eventually(t, func() bool { return s.module("demo.quota") == want1 }, 10*time.Second, 5*time.Millisecond)
+	// The plugin's filter discovers its configuration: the listener names it, by phase.
+	require.Eventually(t, func() bool { return len(s.httpFilters("127.20.0.1_9081")) > 0 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, []string{"demo.quota", "envoy.filters.http.fault", "envoy.filters.http.cors", "envoy.filters.http.router"},
+		s.httpFilters("127.20.0.1_9081"))
+	lds := s.ldsResponses()
 
-	// A new module version reaches the proxy as an extension config update.
+	// A new module version reaches the proxy as an extension config update, without a
+	// listener update.
 	e.write("quota.yaml", quotaPlugin(srv.URL+"/v2.wasm", sum(v2)))
 	want2 := filepath.Join(cache, sum(v2)+".wasm")
 	require.Eventually(t, func() bool { return s.module("demo.quota") == want2 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, lds, s.ldsResponses(), "no listener was rebuilt")
 
 	// A module that does not match its digest is reported and not applied: the proxy keeps
 	// the last good version. (A digest already in the cache would need no fetch: the cache is
