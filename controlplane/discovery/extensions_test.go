@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasmesh/wasmesh/controlplane/adsc"
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
@@ -197,4 +198,53 @@ func TestWasmPluginModuleFetchedVerifiedAndServedOverECDS(t *testing.T) {
 	mu.Lock()
 	assert.Equal(t, 1, requests["/v1.wasm"], "fetched once")
 	mu.Unlock()
+}
+
+func TestEnvoyFilterPatchNotAppliedIsReported(t *testing.T) {
+	bad := `
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: bad, namespace: demo}
+spec:
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match: {context: SIDECAR_OUTBOUND}
+    patch: {operation: INSERT_FIRST, value: {name: good, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer, max_request_bytes: 1024}}}
+  - applyTo: HTTP_FILTER
+    match: {context: SIDECAR_OUTBOUND}
+    patch: {operation: ADD, value: {name: after-router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer, max_request_bytes: 1024}}}
+`
+	e := start(t, map[string]string{"services.yaml": services, "bad.yaml": bad}, func(o *discovery.Options) { o.WasmCacheDir = t.TempDir() })
+	fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")})
+	wait(t, fe, has(adsc.ListenerType, "127.20.0.1_9081"))
+	var l listener.Listener
+	require.True(t, fe.Resource(adsc.ListenerType, "127.20.0.1_9081", &l))
+	h := &hcm.HttpConnectionManager{}
+	require.NoError(t, l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(h))
+	var names []string
+	for _, f := range h.GetHttpFilters() {
+		names = append(names, f.GetName())
+	}
+	assert.Equal(t, []string{"good", "envoy.filters.http.fault", "envoy.filters.http.cors", "envoy.filters.http.router"}, names,
+		"the listener is sent without the patch that would make it invalid")
+
+	var st struct {
+		Extensions struct {
+			NotApplied []struct {
+				Config, Resource, Error string
+				Patch                   int
+			} `json:"notApplied"`
+		} `json:"extensions"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(httpGet(t, "http://"+e.d.HTTPAddr()+"/debug/configz")), &st))
+	require.NotEmpty(t, st.Extensions.NotApplied)
+	p := st.Extensions.NotApplied[0]
+	assert.Equal(t, "EnvoyFilter demo/bad", p.Config)
+	assert.Equal(t, 1, p.Patch)
+	assert.Contains(t, p.Error, "must be the last HTTP filter")
+	assert.Contains(t, httpGet(t, "http://"+e.d.HTTPAddr()+"/metrics"),
+		`wasmesh_config_not_applied{kind="EnvoyFilter",name="bad",namespace="demo",patch="1"}`)
+	for _, r := range fe.Responses() {
+		assert.False(t, r.Nacked, "the proxy accepted everything it was sent")
+	}
 }
