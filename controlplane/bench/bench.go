@@ -129,9 +129,10 @@ func LoaderBinary(tmp string) (string, error) {
 	return p, nil
 }
 
-// StartLoader starts proxies clients against addr and waits until all have their config.
-func StartLoader(ctx context.Context, bin, addr string, proxies int, delta bool) (*Loader, error) {
-	args := []string{"--addr", addr, "--proxies", strconv.Itoa(proxies)}
+// StartLoader starts proxies clients against addr and waits until all have their config;
+// namespaces > 0 spreads them over that many client namespaces.
+func StartLoader(ctx context.Context, bin, addr string, proxies int, delta bool, namespaces int) (*Loader, error) {
+	args := []string{"--addr", addr, "--proxies", strconv.Itoa(proxies), "--namespaces", strconv.Itoa(namespaces)}
 	if delta {
 		args = append(args, "--delta")
 	}
@@ -231,6 +232,73 @@ func (c *ByteCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context
 func (c *ByteCounter) HandleConn(context.Context, stats.ConnStats) {}
 
 // NodeID is the node id xdsload gives proxy i.
-func NodeID(i int) string {
-	return fmt.Sprintf("sidecar~10.%d.%d.%d~load-%d.load~load.svc.cluster.local", 100+i/65536, i/256%256, i%256, i)
+func NodeID(i int) string { return NodeIDIn(i, "load") }
+
+// NodeIDIn is the node id of proxy i in namespace ns.
+func NodeIDIn(i int, ns string) string {
+	return fmt.Sprintf("sidecar~10.%d.%d.%d~load-%d.%s~%s.svc.cluster.local", 100+i/65536, i/256%256, i%256, i, ns, ns)
+}
+
+// The Sidecar-scoped case: proxies spread over client namespaces, each namespace's Sidecar
+// importing ScopeSize of the services plus the "shared" namespace; a change every proxy sees
+// is a new service in "shared".
+const (
+	ScopeSize       = 10
+	SharedNamespace = "shared"
+)
+
+// ClientNamespace is the namespace of proxy group g.
+func ClientNamespace(g int) string { return fmt.Sprintf("client-%d", g) }
+
+// ScopeGroups is how many client namespaces scope services in ScopeSize slices.
+func ScopeGroups(services int) int { return (services + ScopeSize - 1) / ScopeSize }
+
+// ScopedConfig renders ServiceEntries(services), one shared service with its workload, and a
+// Sidecar per client namespace importing its slice of the services and the shared namespace.
+func ScopedConfig(services int) string {
+	var b strings.Builder
+	b.WriteString(ServiceEntries(services))
+	fmt.Fprintf(&b, "---\n%s---\n%s", SharedServiceEntry(0), sharedWorkloadEntry(0))
+	for g := 0; g < ScopeGroups(services); g++ {
+		hosts := []string{`"` + SharedNamespace + `/*"`}
+		for k := g * ScopeSize; k < (g+1)*ScopeSize && k < services; k++ {
+			hosts = append(hosts, fmt.Sprintf("load/svc-%d.load.svc.cluster.local", k))
+		}
+		fmt.Fprintf(&b, `---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: %s}
+spec:
+  egress: [{hosts: [%s]}]
+`, ClientNamespace(g), strings.Join(hosts, ", "))
+	}
+	return b.String()
+}
+
+// SharedServiceEntry renders service i of the shared namespace, which every scoped proxy
+// imports.
+func SharedServiceEntry(i int) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shared-%d, namespace: %s}
+spec:
+  hosts: [shared-%d.%s.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 80, name: http, targetPort: 8080}]
+  workloadSelector: {labels: {app: shared-%d}}
+`, i, SharedNamespace, i, SharedNamespace, i)
+}
+
+func sharedWorkloadEntry(i int) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: shared-%d-we, namespace: %s}
+spec: {address: %s, labels: {app: shared-%d}}
+`, i, SharedNamespace, IP(60000+i), i)
+}
+
+// SharedClusterName is the outbound cluster of shared service i.
+func SharedClusterName(i int) string {
+	return fmt.Sprintf("outbound|80||shared-%d.%s.svc.cluster.local", i, SharedNamespace)
 }

@@ -39,7 +39,10 @@ import (
 // BenchmarkPush: for each protocol and scale, discovery and the go-control-plane baseline
 // each serve the same load clients; "change=full" adds a ServiceEntry and waits until every
 // client has ACKed its cluster and endpoints; "change=endpoints" registers a workload and
-// waits until every client has ACKed the new endpoint. Select scales with
+// waits until every client has ACKed the new endpoint. At 1000 services and more,
+// "server=wasmesh-sidecar-scoped" repeats discovery's run with each proxy scoped by a Sidecar to 10
+// services plus a shared namespace, where its changes happen, so every proxy sees them: the
+// ratio to the unscoped run is what scoping saves (connect-* metrics: connecting all proxies). Select scales with
 // WASMESH_BENCH_SCALES (e.g. "100x100,1000x2000") and protocols with WASMESH_BENCH_XDS
 // ("delta", "sotw" or both, comma-separated).
 func BenchmarkPush(b *testing.B) {
@@ -53,7 +56,12 @@ func BenchmarkPush(b *testing.B) {
 		for _, sc := range scales {
 			name := fmt.Sprintf("xds=%s/services=%d/proxies=%d", map[bool]string{true: "delta", false: "sotw"}[delta], sc.Services, sc.Proxies)
 			b.Run(name, func(b *testing.B) {
-				b.Run("server=wasmesh", func(b *testing.B) { benchWasmesh(b, bin, sc, delta) })
+				b.Run("server=wasmesh", func(b *testing.B) { benchWasmesh(b, bin, sc, delta, false) })
+				if sc.Services >= 1000 {
+					// Beside it, the same mesh with every proxy scoped by its namespace's
+					// Sidecar to 10 of the services (and the shared namespace).
+					b.Run("server=wasmesh-sidecar-scoped", func(b *testing.B) { benchWasmesh(b, bin, sc, delta, true) })
+				}
 				b.Run("server=go-control-plane", func(b *testing.B) { benchBaseline(b, bin, sc, delta) })
 			})
 		}
@@ -117,9 +125,13 @@ func measure(b *testing.B, loader *Loader, bytes *ByteCounter, memPerProxy float
 	b.ReportMetric(memPerProxy/1024, "server-KiB/proxy")
 }
 
-func benchWasmesh(b *testing.B, bin string, sc Scale, delta bool) {
+func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	dir := b.TempDir()
-	require.NoError(b, os.WriteFile(filepath.Join(dir, "services.yaml"), []byte(ServiceEntries(sc.Services)), 0o644))
+	cfg, namespaces := ServiceEntries(sc.Services), 0
+	if scoped {
+		cfg, namespaces = ScopedConfig(sc.Services), ScopeGroups(sc.Services)
+	}
+	require.NoError(b, os.WriteFile(filepath.Join(dir, "services.yaml"), []byte(cfg), 0o644))
 	bytes := &ByteCounter{}
 	opts := discovery.Options{ConfigDir: dir, GRPCAddr: "127.0.0.1:0", Server: server.Defaults(), WorkloadGracePeriod: time.Minute,
 		ShutdownGrace: time.Second, GRPCOptions: []grpc.ServerOption{grpc.StatsHandler(bytes)}}
@@ -135,34 +147,55 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta bool) {
 		runtime.Gosched()
 	}
 	memBefore := memory()
-	loader, err := StartLoader(ctx, bin, d.GRPCAddr(), sc.Proxies, delta)
+	connectBefore := sample(bytes)
+	loader, err := StartLoader(ctx, bin, d.GRPCAddr(), sc.Proxies, delta, namespaces)
 	require.NoError(b, err)
 	defer loader.Stop()
+	connected := sample(bytes)
 	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)
 	writeHeapProfile(b, "wasmesh", sc)
 	debounce := opts.Server.Debounce.After
+	report := func(b *testing.B) {
+		b.ReportMetric((connected.cpu - connectBefore.cpu).Seconds(), "connect-server-cpu-s")
+		b.ReportMetric(float64(connected.bytes-connectBefore.bytes)/(1<<20), "connect-server-MiB")
+	}
+	var newService func(int) string
+	newCluster := ClusterName
+	epNamespace, epApp, epCluster := "load", "svc-0", ClusterName(0)
+	if scoped {
+		newService = func(i int) string { return SharedServiceEntry(i) + "---\n" + sharedWorkloadEntry(i) }
+		newCluster = SharedClusterName
+		epNamespace, epApp, epCluster = SharedNamespace, "shared-0", SharedClusterName(0)
+	} else {
+		newService = func(i int) string { return ServiceEntry(i) + "---\n" + workloadEntry(i) }
+	}
 
 	next := sc.Services
+	if scoped {
+		next = 1 // shared-0 exists from the start
+	}
 	b.Run("change=full", func(b *testing.B) {
+		defer report(b)
 		measure(b, loader, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
 			i := next
 			next++
 			start := time.Now()
 			// The file watcher picks the new file up, as it would an operator's change.
-			require.NoError(b, os.WriteFile(filepath.Join(dir, fmt.Sprintf("extra-%d.yaml", i)), []byte(ServiceEntry(i)+"---\n"+workloadEntry(i)), 0o644))
-			last, err := loader.Wait("cluster " + ClusterName(i))
+			require.NoError(b, os.WriteFile(filepath.Join(dir, fmt.Sprintf("extra-%d.yaml", i)), []byte(newService(i)), 0o644))
+			last, err := loader.Wait("cluster " + newCluster(i))
 			require.NoError(b, err)
 			return start, last
 		})
 	})
 	seq := 0
 	b.Run("change=endpoints", func(b *testing.B) {
+		defer report(b)
 		measure(b, loader, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
 			seq++
 			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
 			start := time.Now()
-			d.Entries.SetWorkload(&model.Workload{Name: fmt.Sprintf("auto-%d", seq), Namespace: "load", Labels: map[string]string{"app": "svc-0"}, IPs: []string{ip}})
-			last, err := loader.Wait(fmt.Sprintf("endpoint %s %s", ClusterName(0), ip))
+			d.Entries.SetWorkload(&model.Workload{Name: fmt.Sprintf("auto-%d", seq), Namespace: epNamespace, Labels: map[string]string{"app": epApp}, IPs: []string{ip}})
+			last, err := loader.Wait(fmt.Sprintf("endpoint %s %s", epCluster, ip))
 			require.NoError(b, err)
 			return start, last
 		})
@@ -236,7 +269,7 @@ func benchBaseline(b *testing.B, bin string, sc Scale, delta bool) {
 	defer g.Stop()
 
 	memBefore := memory()
-	loader, err := StartLoader(ctx, bin, lis.Addr().String(), sc.Proxies, delta)
+	loader, err := StartLoader(ctx, bin, lis.Addr().String(), sc.Proxies, delta, 0)
 	require.NoError(b, err)
 	defer loader.Stop()
 	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)

@@ -325,3 +325,37 @@ spec:
 	other := map[string]any{"NAMESPACE": "other"}
 	assert.Equal(t, cluster.Cluster_LEAST_REQUEST, clusterOf(t, viewOf(t, cfg, other), name).GetLbPolicy())
 }
+
+func TestSidecarScopesClustersRoutesListenersAndEndpoints(t *testing.T) {
+	cfg := reviewsSE + `---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ratings, namespace: other}
+spec:
+  hosts: [ratings.other.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 7070, name: http, targetPort: 8080}]
+  endpoints: [{address: 10.9.0.1}]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec:
+  egress: [{hosts: ["./*"]}]
+`
+	scoped := viewOf(t, cfg, nil)
+	unscoped := viewOf(t, cfg, map[string]any{"NAMESPACE": "web"})
+	ratings := "outbound|7070||ratings.other.svc.cluster.local"
+
+	assert.Nil(t, xds.Clusters(scoped).Find(ratings), "a service outside the egress hosts has no cluster")
+	assert.NotNil(t, xds.Clusters(unscoped).Find(ratings))
+	assert.Empty(t, xds.Endpoints(scoped, []string{ratings}), "nor endpoints, even when asked for by name")
+	assert.Len(t, xds.Endpoints(unscoped, []string{ratings}), 1)
+	assert.Equal(t, []string{"9080"}, xds.RouteNames(scoped))
+	assert.Equal(t, []string{"7070", "9080"}, xds.RouteNames(unscoped))
+	assert.Empty(t, xds.Routes(scoped, []string{"7070"}))
+	assert.Nil(t, xds.Listeners(scoped).Find("0.0.0.0_7070"))
+	assert.NotNil(t, xds.Listeners(unscoped).Find("0.0.0.0_7070"))
+	assert.NotNil(t, xds.Clusters(scoped).Find("outbound|9080||reviews.shop.svc.cluster.local"))
+}

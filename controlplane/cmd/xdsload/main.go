@@ -45,6 +45,9 @@ type options struct {
 	timeout time.Duration
 	dialers int
 	profile string
+	// namespaces spreads the proxies over bench.ClientNamespace(0..n-1), round robin; 0
+	// keeps them all in "load".
+	namespaces int
 }
 
 func newCommand() *cobra.Command {
@@ -75,6 +78,7 @@ func newCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
 	cmd.Flags().IntVar(&o.dialers, "dialers", 50, "connections opened concurrently")
 	cmd.Flags().StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of the load client here")
+	cmd.Flags().IntVar(&o.namespaces, "namespaces", 0, "spread the proxies over this many client namespaces (0: all in \"load\")")
 	return cmd
 }
 
@@ -178,8 +182,13 @@ func connect(ctx context.Context, o options, i int) (*proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	md, _ := structpb.NewStruct(map[string]any{"NAMESPACE": "load", "ISTIO_VERSION": "load"})
-	node := &core.Node{Id: bench.NodeID(i), Metadata: md, Cluster: "load.load"}
+	ns, id := "load", bench.NodeID(i)
+	if o.namespaces > 0 {
+		ns = bench.ClientNamespace(i % o.namespaces)
+		id = bench.NodeIDIn(i, ns)
+	}
+	md, _ := structpb.NewStruct(map[string]any{"NAMESPACE": ns, "ISTIO_VERSION": "load"})
+	node := &core.Node{Id: id, Metadata: md, Cluster: "load." + ns}
 	c, err := adsc.Dial(ctx, cc, adsc.Config{Node: node, Delta: o.delta, Thin: true})
 	if err != nil {
 		cc.Close()
