@@ -43,6 +43,9 @@ type compiledKey struct{ key config.Key }
 
 // extensionsOf returns the proxy's extensions in the view's snapshot.
 func extensionsOf(v *View) *proxyExtensions {
+	if v.ext != nil {
+		return v.ext
+	}
 	p := v.Proxy
 	k := extKey{p.Namespace, model.SortedLabels(p.Labels), proxyMatchKey(v.Snapshot, p), p.Generator}
 	return v.Snapshot.Full.Get(k, func() any { return newProxyExtensions(v.Snapshot, p) }).(*proxyExtensions)

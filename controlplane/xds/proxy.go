@@ -42,6 +42,8 @@ type View struct {
 	// Key holds exactly the proxy properties the generated LDS/CDS/RDS depend on; proxies with
 	// equal keys receive identical resources, so results are cached under it.
 	Key string
+	// ext is what the proxy's WasmPlugins, EnvoyFilters and Telemetry add (extensionsOf).
+	ext *proxyExtensions
 }
 
 // Shape renders every proxy property NewView reads; proxies with the same shape get the
@@ -154,6 +156,7 @@ func NewView(snap *push.Snapshot, p *model.Proxy) *View {
 	}
 	b.WriteString(proxyMatchKey(snap, p))
 	v.Key = b.String()
+	v.ext = extensionsOf(v)
 	return v
 }
 
