@@ -52,14 +52,14 @@ const (
 
 // Status is one module as /debug/configz shows it.
 type Status struct {
-	URL       string       `json:"url"`
-	SHA256    string       `json:"sha256"`
-	State     string       `json:"state"`
-	Path      string       `json:"path,omitempty"`
-	Error     string       `json:"error,omitempty"`
-	Attempts  int          `json:"attempts"`
-	UsedBy    []config.Key `json:"usedBy"`
-	FetchedAt time.Time    `json:"fetchedAt,omitzero"`
+	URL       string    `json:"url"`
+	SHA256    string    `json:"sha256"`
+	State     string    `json:"state"`
+	Path      string    `json:"path,omitempty"`
+	Error     string    `json:"error,omitempty"`
+	Attempts  int       `json:"attempts"`
+	UsedBy    []string  `json:"usedBy"` // "WasmPlugin <namespace>/<name>"
+	FetchedAt time.Time `json:"fetchedAt,omitzero"`
 }
 
 type module struct {
@@ -372,9 +372,9 @@ func (f *Fetcher) Status() []Status {
 			s.State = StatePending
 		}
 		for k := range m.users {
-			s.UsedBy = append(s.UsedBy, k)
+			s.UsedBy = append(s.UsedBy, k.String())
 		}
-		sort.Slice(s.UsedBy, func(i, j int) bool { return config.KeyLess(s.UsedBy[i], s.UsedBy[j]) })
+		sort.Strings(s.UsedBy)
 		out = append(out, s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].URL+out[i].SHA256 < out[j].URL+out[j].SHA256 })

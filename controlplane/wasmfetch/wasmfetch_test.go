@@ -129,7 +129,7 @@ func TestFetchedOnceVerifiedAndCached(t *testing.T) {
 	st := h2.f.Status()
 	require.Len(t, st, 1)
 	assert.Equal(t, StateReady, st[0].State)
-	assert.Equal(t, []config.Key{p.Key()}, st[0].UsedBy)
+	assert.Equal(t, []string{"WasmPlugin default/quota"}, st[0].UsedBy)
 }
 
 func TestMismatchIsReportedAndNotApplied(t *testing.T) {
