@@ -35,7 +35,9 @@ func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_S
 		w = &watch{}
 		c.mu.Lock()
 		c.watches[typ] = w
-		w.wildcard = xds.Wildcard(typ)
+		// Envoy subscribes to CDS and LDS as a whole (no names); gRPC's xDS client names
+		// the listeners and clusters it wants.
+		w.wildcard = xds.Wildcard(typ) && (len(r.GetResourceNames()) == 0 || contains(r.GetResourceNames(), "*"))
 		if !w.wildcard {
 			c.subscribe(w, r.GetResourceNames())
 		}
@@ -139,7 +141,9 @@ func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService
 	for _, r := range changed {
 		names[r.Name] = struct{}{}
 	}
-	if w.wildcard {
+	if w.wildcard || xds.Wildcard(typ) {
+		// CDS and LDS responses are the whole state even for a client that names what it
+		// wants (gRPC): a resource left out of one would be taken as deleted.
 		return names, c.sendSotwItems(stream, typ, w, snap, cur.Items, cur)
 	}
 	send := changed

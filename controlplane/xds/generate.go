@@ -6,6 +6,9 @@ func Wildcard(typeURL string) bool { return typeURL == ClusterType || typeURL ==
 // Generate returns the resources of typeURL for the proxy: the full set for CDS and LDS,
 // the named resources for EDS, RDS and ECDS.
 func Generate(v *View, typeURL string, names []string) *Resources {
+	if v.IsGRPC() {
+		return generateGRPC(v, typeURL, names)
+	}
 	switch typeURL {
 	case ClusterType:
 		return Clusters(v)
@@ -25,6 +28,9 @@ func Generate(v *View, typeURL string, names []string) *Resources {
 // its CDS, the route configurations and extension configs of its LDS), for config_dump and
 // golden tests.
 func Dump(v *View) map[string]*Resources {
+	if v.IsGRPC() {
+		return grpcDump(v)
+	}
 	out := map[string]*Resources{}
 	cds := Clusters(v)
 	out[ClusterType] = cds

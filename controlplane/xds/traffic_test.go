@@ -359,3 +359,43 @@ spec:
 	assert.NotNil(t, xds.Listeners(unscoped).Find("0.0.0.0_7070"))
 	assert.NotNil(t, xds.Clusters(scoped).Find("outbound|9080||reviews.shop.svc.cluster.local"))
 }
+
+func TestProxylessGRPCResourcesByName(t *testing.T) {
+	cfg := reviewsSE + reviewsSubsets
+	client := viewOf(t, cfg, map[string]any{"NAMESPACE": "shop", "GENERATOR": "grpc"})
+	require.True(t, client.IsGRPC())
+
+	// Listeners by the names a client dials, short ones completed in its domain.
+	lds := xds.Generate(client, xds.ListenerType, []string{"reviews:9080", "reviews.shop.svc.cluster.local:9080", "nothing:1"})
+	assert.Equal(t, []string{"reviews.shop.svc.cluster.local:9080", "reviews:9080"}, lds.Names())
+	l := lds.Items[0].Message.(*listener.Listener)
+	var m hcm.HttpConnectionManager
+	require.NoError(t, l.GetApiListener().GetApiListener().UnmarshalTo(&m))
+	assert.Equal(t, "outbound|9080||reviews.shop.svc.cluster.local", m.GetRds().GetRouteConfigName())
+
+	rds := xds.Generate(client, xds.RouteType, []string{"outbound|9080||reviews.shop.svc.cluster.local"})
+	require.Len(t, rds.Items, 1)
+	vh := rds.Items[0].Message.(*route.RouteConfiguration).GetVirtualHosts()
+	require.Len(t, vh, 1, "no catch-all virtual host for gRPC")
+	assert.NotNil(t, vh[0].GetRoutes()[0].GetRoute().GetMaxStreamDuration(), "gRPC reads the timeout from max_stream_duration")
+
+	cds := xds.Generate(client, xds.ClusterType, []string{"outbound|9080|v1|reviews.shop.svc.cluster.local", "outbound|9080|v9|reviews.shop.svc.cluster.local"})
+	assert.Equal(t, []string{"outbound|9080|v1|reviews.shop.svc.cluster.local"}, cds.Names(), "only what exists")
+	c := cds.Items[0].Message.(*cluster.Cluster)
+	assert.Equal(t, cluster.Cluster_ROUND_ROBIN, c.GetLbPolicy())
+	assert.Nil(t, c.GetCircuitBreakers(), "gRPC clusters stay lean")
+
+	// A gRPC server gets an inbound listener for a port its services give it, nothing else.
+	server := viewOf(t, `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ratings, namespace: shop}
+spec:
+  hosts: [ratings.shop.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 9090, name: grpc, targetPort: 8090}]
+  workloadSelector: {labels: {app: ratings}}
+`, map[string]any{"NAMESPACE": "shop", "GENERATOR": "grpc", "LABELS": map[string]any{"app": "ratings"}})
+	in := xds.Generate(server, xds.ListenerType, []string{xds.GRPCInboundListenerPrefix + "10.2.0.1:8090", xds.GRPCInboundListenerPrefix + "10.2.0.1:9999"})
+	require.Equal(t, []string{xds.GRPCInboundListenerPrefix + "10.2.0.1:8090"}, in.Names())
+	require.NoError(t, in.Items[0].Message.(*listener.Listener).ValidateAll())
+}
