@@ -21,11 +21,7 @@ import (
 func (d *Discovery) extensions(store server.ConfigStore) (server.ConfigStore, error) {
 	dir := d.opts.WasmCacheDir
 	if dir == "" {
-		base, err := os.UserCacheDir()
-		if err != nil {
-			base = os.TempDir()
-		}
-		dir = filepath.Join(base, "wasmesh", "wasm")
+		dir = defaultCacheDir()
 	}
 	f, err := wasmfetch.New(wasmfetch.Options{Dir: dir}, d.log.With("scope", "wasm"), d.Reg, func(keys []config.Key) {
 		// A module became usable (or failed): push the plugins that use it.
@@ -40,6 +36,18 @@ func (d *Discovery) extensions(store server.ConfigStore) (server.ConfigStore, er
 		return store, nil
 	}
 	return wasmfetch.NewStore(store, f), nil
+}
+
+// defaultCacheDir is the user's cache directory's wasmesh/wasm, or one in the temporary
+// directory where that cannot be created (no home directory).
+func defaultCacheDir() string {
+	if base, err := os.UserCacheDir(); err == nil {
+		dir := filepath.Join(base, "wasmesh", "wasm")
+		if os.MkdirAll(dir, 0o755) == nil {
+			return dir
+		}
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("wasmesh-wasm-%d", os.Getuid()))
 }
 
 // onSnapshot logs each configuration problem the first time it is found in a snapshot.
