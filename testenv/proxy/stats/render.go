@@ -138,8 +138,11 @@ func (s *Store) WriteJSON(w io.Writer, q Query) error {
 var invalidPromChars = regexp.MustCompile(`[^a-zA-Z0-9_]`)
 
 // PrometheusName sanitizes a tag-extracted name: Envoy's own stats get the envoy_ prefix,
-// external (Wasm) stats keep their name.
+// external (Wasm) stats lose their custom namespace and get no prefix, as Envoy does.
 func PrometheusName(extracted string, external bool) string {
+	if external {
+		extracted = strings.TrimPrefix(extracted, CustomNamespace)
+	}
 	n := invalidPromChars.ReplaceAllString(extracted, "_")
 	if external {
 		if n != "" && n[0] >= '0' && n[0] <= '9' {

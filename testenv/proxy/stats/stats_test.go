@@ -39,14 +39,16 @@ func TestPrometheusAndMatcher(t *testing.T) {
 	m, err := NewMatcher(&metricsv3.StatsMatcher{StatsMatcher: &metricsv3.StatsMatcher_InclusionList{
 		InclusionList: &matcherv3.ListStringMatcher{Patterns: []*matcherv3.StringMatcher{
 			{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "cluster."}},
-			{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "reporter="}}}}}})
+			// Istio's prefix for Wasm stats: they live in the wasmcustom namespace.
+			{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "wasm"}}}}}})
 	require.NoError(t, err)
 	s := NewStore(nil, m)
 	s.Counter("cluster.up.upstream_rq_total").Add(3)
 	s.Counter("server.excluded").Inc()
 	s.Histogram("cluster.up.upstream_rq_time").Record(7)
 	s.AddExternal(func() []ExternalStat {
-		return []ExternalStat{{Name: "reporter=.=source;.;istio_requests_total", Kind: KindCounter, Value: 2}}
+		return []ExternalStat{{Name: "reporter=.=source;.;istio_requests_total", Kind: KindCounter, Value: 2},
+			{Name: "descriptor=.=d;.;wasmesh_quota_requests_total", Kind: KindCounter, Value: 1}}
 	})
 	var b strings.Builder
 	require.NoError(t, s.WritePrometheus(&b, Query{}))
@@ -55,7 +57,8 @@ func TestPrometheusAndMatcher(t *testing.T) {
 	assert.Contains(t, out, `envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name="up",le="5"} 0`)
 	assert.Contains(t, out, `envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name="up",le="10"} 1`)
 	assert.Contains(t, out, `envoy_cluster_upstream_rq_time_count{envoy_cluster_name="up"} 1`)
-	assert.Contains(t, out, "reporter___source___istio_requests_total 2", "without a stats tag the encoded name stays in the metric name")
+	assert.Contains(t, out, "\nreporter___source___istio_requests_total 2", "without a stats tag the encoded name stays in the metric name, with no prefix")
+	assert.Contains(t, out, "\ndescriptor___d___wasmesh_quota_requests_total 1", "any Wasm stat passes the wasm inclusion prefix")
 	assert.NotContains(t, out, "server_excluded", "the inclusion list drops other stats")
 }
 

@@ -155,14 +155,18 @@ const (
 )
 
 // ExternalStat is a stat kept outside the store (the Wasm filters' metrics), read at
-// render time. Its name is shown as is and its Prometheus name gets no envoy_ prefix
-// (Envoy's wasmcustom namespace).
+// render time. It lives in Envoy's "wasmcustom" custom stat namespace: its stat name is
+// "wasmcustom." + Name (what the stats matcher and /stats see, so Istio's "wasm" inclusion
+// prefix keeps it), and its Prometheus name is Name without the envoy_ prefix.
 type ExternalStat struct {
 	Name      string
 	Kind      Kind
 	Value     int64
 	Histogram HistogramValue
 }
+
+// CustomNamespace prefixes the external stats' names (Envoy's Wasm custom stat namespace).
+const CustomNamespace = "wasmcustom."
 
 // ExternalSource lists external stats.
 type ExternalSource func() []ExternalStat
@@ -317,11 +321,12 @@ func (s *Store) Snapshot() []Sample {
 	s.mu.RUnlock()
 	for _, src := range externals {
 		for _, e := range src() {
-			if !s.matcher.Accepts(e.Name) {
+			name := CustomNamespace + e.Name
+			if !s.matcher.Accepts(name) {
 				continue
 			}
 			used := e.Value != 0 || e.Histogram.Count > 0 || e.Kind == KindGauge
-			out = append(out, Sample{Name: e.Name, Kind: e.Kind, Value: e.Value, Histogram: e.Histogram, Used: used, External: true})
+			out = append(out, Sample{Name: name, Kind: e.Kind, Value: e.Value, Histogram: e.Histogram, Used: used, External: true})
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool {
