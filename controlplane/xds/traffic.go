@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"fmt"
 	"net/netip"
 	"sort"
 	"strings"
@@ -110,6 +111,9 @@ type destRule struct {
 	exportTo exportSet
 	selector map[string]string
 	meta     string
+	// merged names, by subset (and "" for the traffic policy), the rules merged into this one
+	// that supplied them.
+	merged map[string]config.Key
 }
 
 // subset returns the named subset, or nil.
@@ -158,6 +162,7 @@ func buildTraffic(snap *push.Snapshot) *traffic {
 		rootNS: snap.Mesh.GetRootNamespace()}
 	ix := snap.Configs
 	mesh := snap.Mesh
+	report := reportOf(snap)
 	delegates := map[config.Key]*config.Config{}
 	for _, c := range ix.List(config.VirtualService) {
 		if len(c.Spec.(*networking.VirtualService).GetHosts()) == 0 {
@@ -174,7 +179,7 @@ func buildTraffic(snap *push.Snapshot) *traffic {
 		for _, h := range spec.GetHosts() {
 			vs.hosts = append(vs.hosts, resolveHost(h, c.Namespace))
 		}
-		vs.spec, vs.routeNS = mergeDelegates(c, spec, delegates)
+		vs.spec, vs.routeNS = mergeDelegates(c, spec, delegates, report)
 		if len(vs.spec.GetHttp()) == 0 {
 			continue
 		}
@@ -187,10 +192,32 @@ func buildTraffic(snap *push.Snapshot) *traffic {
 		}
 		t.vs = append(t.vs, vs)
 	}
+	// Two VirtualServices naming the same host: the first (by namespace and name) routes it
+	// wherever both are visible, Istio's rule; the other is reported for that host.
+	owner := map[string]*virtualService{}
+	for _, vs := range t.vs {
+		for _, h := range vs.hosts {
+			if first := owner[h]; first != nil && first != vs {
+				report.add(&Problem{Source: vs.cfg.Key(), Patch: -1, Resource: "host " + h,
+					Err: fmt.Errorf("%s routes this host (the first by namespace and name wins)", first.cfg.Key())})
+			} else if first == nil {
+				owner[h] = vs
+			}
+		}
+	}
+	merged := map[string]*destRule{}
 	for _, c := range ix.List(config.DestinationRule) {
 		spec := c.Spec.(*networking.DestinationRule)
 		dr := &destRule{cfg: c, spec: spec, host: resolveHost(spec.GetHost(), c.Namespace),
 			exportTo: newExportSet(spec.GetExportTo(), c.Namespace, mesh.GetDefaultDestinationRuleExportTo()), meta: configPath(c, "destination-rule")}
+		// Rules for the same host in one namespace, with the same selector and exportTo,
+		// are one rule (Istio's merge): subsets add up, the first traffic policy holds.
+		key := c.Namespace + "|" + dr.host + "|" + model.SortedLabels(spec.GetWorkloadSelector().GetMatchLabels()) + "|" + strings.Join(dr.exportTo.list, ",")
+		if first := merged[key]; first != nil {
+			mergeDestinationRule(first, dr, report)
+			continue
+		}
+		merged[key] = dr
 		if ws := spec.GetWorkloadSelector(); ws != nil {
 			dr.selector = ws.GetMatchLabels()
 			t.labelsMatter = true
@@ -216,6 +243,39 @@ func buildTraffic(snap *push.Snapshot) *traffic {
 		t.sidecars[c.Namespace] = append(t.sidecars[c.Namespace], c)
 	}
 	return t
+}
+
+// mergeDestinationRule folds a later rule for the same host into the first; what cannot be
+// merged is reported.
+func mergeDestinationRule(first, later *destRule, report *Report) {
+	if first.merged == nil {
+		first.spec = proto.Clone(first.spec).(*networking.DestinationRule)
+		first.merged = map[string]config.Key{}
+		if first.spec.GetTrafficPolicy() != nil {
+			first.merged[""] = first.cfg.Key()
+		}
+		for _, sub := range first.spec.GetSubsets() {
+			first.merged["subset "+sub.GetName()] = first.cfg.Key()
+		}
+	}
+	if later.spec.GetTrafficPolicy() != nil {
+		if from, ok := first.merged[""]; ok {
+			report.add(&Problem{Source: later.cfg.Key(), Patch: -1, Resource: "trafficPolicy of host " + first.host,
+				Err: fmt.Errorf("%s already sets the traffic policy of this host", from)})
+		} else {
+			first.spec.TrafficPolicy = later.spec.GetTrafficPolicy()
+			first.merged[""] = later.cfg.Key()
+		}
+	}
+	for _, sub := range later.spec.GetSubsets() {
+		if from, ok := first.merged["subset "+sub.GetName()]; ok {
+			report.add(&Problem{Source: later.cfg.Key(), Patch: -1, Resource: "subset " + sub.GetName() + " of host " + first.host,
+				Err: fmt.Errorf("%s already defines this subset", from)})
+			continue
+		}
+		first.spec.Subsets = append(first.spec.Subsets, sub)
+		first.merged["subset "+sub.GetName()] = later.cfg.Key()
+	}
 }
 
 // usesLocality reports whether a traffic policy makes endpoints depend on the client's
@@ -336,7 +396,7 @@ func (t *traffic) destinationRule(host, svcNS, ns string, labels map[string]stri
 // that contradicts its root's match is dropped) and the root's settings fill what the
 // delegate leaves unset. It returns the merged spec and the namespace each route's hosts
 // resolve in.
-func mergeDelegates(root *config.Config, spec *networking.VirtualService, delegates map[config.Key]*config.Config) (*networking.VirtualService, []string) {
+func mergeDelegates(root *config.Config, spec *networking.VirtualService, delegates map[config.Key]*config.Config, report *Report) (*networking.VirtualService, []string) {
 	has := false
 	for _, r := range spec.GetHttp() {
 		if r.GetDelegate() != nil {
@@ -363,20 +423,29 @@ func mergeDelegates(root *config.Config, spec *networking.VirtualService, delega
 		if dns == "" {
 			dns = root.Namespace
 		}
-		dc := delegates[config.Key{Kind: config.VirtualService, Namespace: dns, Name: d.GetName()}]
+		dkey := config.Key{Kind: config.VirtualService, Namespace: dns, Name: d.GetName()}
+		dc := delegates[dkey]
 		if dc == nil {
-			continue // Istio drops a route whose delegate does not exist
+			// Istio drops a route whose delegate does not exist.
+			report.add(&Problem{Source: root.Key(), Patch: -1, Resource: "http route " + r.GetName(),
+				Err: fmt.Errorf("delegate %s does not exist (or has hosts); the route is left out", dkey)})
+			continue
 		}
 		dspec := dc.Spec.(*networking.VirtualService)
 		if !newExportSet(dspec.GetExportTo(), dc.Namespace, nil).visibleTo(root.Namespace) {
+			report.add(&Problem{Source: root.Key(), Patch: -1, Resource: "http route " + r.GetName(),
+				Err: fmt.Errorf("delegate %s is not exported to namespace %s; the route is left out", dkey, root.Namespace)})
 			continue
 		}
-		for _, leaf := range dspec.GetHttp() {
+		for i, leaf := range dspec.GetHttp() {
 			merged, ok := mergeHTTPRoute(r, leaf)
-			if ok {
-				out.Http = append(out.Http, merged)
-				ns = append(ns, dc.Namespace)
+			if !ok {
+				report.add(&Problem{Source: dc.Key(), Patch: -1, Resource: fmt.Sprintf("http[%d]", i),
+					Err: fmt.Errorf("its match cannot narrow the match of %s http route %q; the route is left out", root.Key(), r.GetName())})
+				continue
 			}
+			out.Http = append(out.Http, merged)
+			ns = append(ns, dc.Namespace)
 		}
 	}
 	return out, ns
