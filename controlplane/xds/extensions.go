@@ -218,7 +218,7 @@ func ExtensionNames(v *View) []string {
 		if !ok {
 			continue
 		}
-		for _, fc := range append(l.GetFilterChains(), l.GetDefaultFilterChain()) {
+		for _, fc := range allChains(l) {
 			for _, f := range fc.GetFilters() {
 				if f.GetName() != wellknown.HTTPConnectionManager {
 					continue
@@ -240,5 +240,16 @@ func ExtensionNames(v *View) []string {
 		out = append(out, n)
 	}
 	sort.Strings(out)
+	return out
+}
+
+// allChains lists a listener's filter chains and its default chain in a new slice: appending
+// to the message's own slice could write into a backing array other goroutines read.
+func allChains(l *listener.Listener) []*listener.FilterChain {
+	out := make([]*listener.FilterChain, 0, len(l.GetFilterChains())+1)
+	out = append(out, l.GetFilterChains()...)
+	if fc := l.GetDefaultFilterChain(); fc != nil {
+		out = append(out, fc)
+	}
 	return out
 }

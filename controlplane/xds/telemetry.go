@@ -83,7 +83,7 @@ func (t *telemetryOverlay) applyInline(l *listener.Listener) (bool, error) {
 	}
 	inbound := l.GetTrafficDirection() == core.TrafficDirection_INBOUND
 	changed := false
-	for _, fc := range append(l.GetFilterChains(), l.GetDefaultFilterChain()) {
+	for _, fc := range allChains(l) {
 		for _, f := range fc.GetFilters() {
 			if f.GetName() != wellknown.HTTPConnectionManager || f.GetTypedConfig() == nil {
 				continue
