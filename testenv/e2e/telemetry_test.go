@@ -45,8 +45,8 @@ func TestTelemetry(t *testing.T) {
 	requireNoFailures(t, g)
 
 	hop := map[string]string{
-		"source_workload": "frontend", "source_workload_namespace": "default", "source_app": "frontend",
-		"destination_workload": "backend", "destination_workload_namespace": "default", "destination_app": "backend",
+		"source_workload": "frontend-v1", "source_workload_namespace": "default", "source_app": "frontend",
+		"destination_workload": "backend-v1", "destination_workload_namespace": "default", "destination_app": "backend",
 		"destination_service": "backend.default.svc.cluster.local", "destination_service_name": "backend",
 		"response_code": "200", "request_protocol": "http",
 	}

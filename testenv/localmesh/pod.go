@@ -311,6 +311,8 @@ func (p *Pod) startAgent(n int) error {
 		"WASMESH_LOCALHOST=" + p.Localhost, "WASMESH_WILDCARD=" + p.IP,
 		"WASMESH_BASE_ID=" + strconv.Itoa(int(m.net)*10000+n),
 		"ISTIO_META_INTERCEPTION_MODE=NONE", "ISTIO_META_POD_PORTS=" + string(ports),
+		// The pod's Deployment, as Kubernetes would name it (Istio's workload name).
+		"ISTIO_META_WORKLOAD_NAME=" + p.Spec.Labels["app"] + "-" + p.Spec.Labels["version"],
 		"PROXY_CONFIG=" + fmt.Sprintf(`{"terminationDrainDuration": %q}`, p.Spec.TerminationDrainDuration.String()),
 	}
 	env = append(env, p.Spec.Env...)
