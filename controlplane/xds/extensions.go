@@ -67,7 +67,15 @@ func newProxyExtensions(snap *push.Snapshot, p *model.Proxy) *proxyExtensions {
 		e.patches = envoyfilter.NewSet(nil, envoyfilter.Proxy{})
 		return e
 	}
-	e.plugins = wasmplugin.ForProxy(snap.Configs, root, p.Namespace, p.Labels)
+	for _, pl := range wasmplugin.ForProxy(snap.Configs, root, p.Namespace, p.Labels) {
+		// A module discovery has not fetched (configs that did not come through the
+		// wasmfetch store) would leave the filter waiting for its config forever.
+		if _, err := pl.Module(); err != nil {
+			reportOf(snap).add(&Problem{Source: pl.Key, Patch: -1, Resource: "listeners of namespace " + p.Namespace, Err: err})
+			continue
+		}
+		e.plugins = append(e.plugins, pl)
+	}
 	e.telemetry = telemetryFor(snap, p)
 	var key strings.Builder
 	for _, pl := range e.plugins {
