@@ -72,6 +72,28 @@ type Pod struct {
 
 const statusPort = 15020
 
+// AddPods starts pods at once, as a Deployment's replicas start, and waits for all; the
+// first error is returned (the pods started are kept, for Close to stop).
+func (m *Mesh) AddPods(ctx context.Context, specs ...PodSpec) ([]*Pod, error) {
+	pods := make([]*Pod, len(specs))
+	errs := make([]error, len(specs))
+	var wg sync.WaitGroup
+	for i, spec := range specs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pods[i], errs[i] = m.AddPod(ctx, spec)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return pods, err
+		}
+	}
+	return pods, nil
+}
+
 // AddPod starts a pod and, unless spec.NoWait, waits until it is ready.
 func (m *Mesh) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if spec.Labels["app"] == "" {

@@ -82,13 +82,23 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 		m.Close()
 		fmt.Fprintln(out, "stopped; logs are in", filepath.Join(opts.Dir, "pods"), "and", filepath.Join(opts.Dir, "logs"))
 	}()
-	var front *localmesh.Pod
+	// Pods that need another service at start-up come after the others, which start together.
+	var independent, dependent []localmesh.PodSpec
 	for _, spec := range localmesh.Bookinfo() {
-		p, err := m.AddPod(ctx, spec)
-		if err != nil {
+		if spec.StartupCall == "" {
+			independent = append(independent, spec)
+		} else {
+			dependent = append(dependent, spec)
+		}
+	}
+	for _, wave := range [][]localmesh.PodSpec{independent, dependent} {
+		if _, err := m.AddPods(ctx, wave...); err != nil {
 			return err
 		}
-		if spec.Labels["app"] == "productpage" {
+	}
+	var front *localmesh.Pod
+	for _, p := range m.Pods() {
+		if p.Spec.Labels["app"] == "productpage" {
 			front = p
 		}
 	}

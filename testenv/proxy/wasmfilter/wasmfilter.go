@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -59,9 +60,28 @@ type Manager struct {
 	plugins map[string]*host.Plugin
 }
 
+// compilationCacheDir is where compiled modules are kept between processes, so the proxies
+// of a local mesh (and every hot-restart epoch) compile a filter once, not once each:
+// $WASMESH_WASM_CACHE_DIR, else the user cache directory; "" (no cache) if neither works.
+// wazero writes cache entries by rename, so processes can share it.
+func compilationCacheDir() string {
+	dir := os.Getenv("WASMESH_WASM_CACHE_DIR")
+	if dir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			return ""
+		}
+		dir = filepath.Join(base, "wasmesh", "wazero")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return ""
+	}
+	return dir
+}
+
 // New starts the process's Wasm runtime.
 func New(ctx context.Context, o Options) (*Manager, error) {
-	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: o.Log})
+	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: o.Log, CompilationCacheDir: compilationCacheDir()})
 	if err != nil {
 		return nil, fmt.Errorf("wasm runtime: %w", err)
 	}
