@@ -20,6 +20,7 @@ import (
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	extensions "istio.io/api/extensions/v1alpha1"
 	typev1beta1 "istio.io/api/type/v1beta1"
@@ -126,7 +127,9 @@ func (p *Plugin) Matches(inbound bool, port uint32) bool {
 }
 
 // HTTPFilter is the filter in the connection manager: named name, configured through ECDS
-// over the ADS stream.
+// over the ADS stream. As in Istio, the listener waits for the filter's configuration
+// however long it takes (initial_fetch_timeout 0): a plugin may be what authorizes requests,
+// so a listener must not serve without it.
 func HTTPFilter(name string) *hcm.HttpFilter {
 	return &hcm.HttpFilter{
 		Name: name,
@@ -134,6 +137,7 @@ func HTTPFilter(name string) *hcm.HttpFilter {
 			ConfigSource: &core.ConfigSource{
 				ResourceApiVersion:    core.ApiVersion_V3,
 				ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}},
+				InitialFetchTimeout:   durationpb.New(0),
 			},
 			TypeUrls: []string{WasmTypeURL},
 		}},
