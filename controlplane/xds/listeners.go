@@ -209,12 +209,12 @@ func outboundListener(v *View, op *outboundPort, bind string, bindToPort bool) (
 		}
 		l.FilterChains = append(l.FilterChains, &listener.FilterChain{
 			FilterChainMatch: &listener.FilterChainMatch{PrefixRanges: ranges},
-			Filters:          []*listener.Filter{tcpProxy(statPrefix, cluster)},
+			Filters:          []*listener.Filter{outboundTCPProxy(v, statPrefix, cluster, svc.Hostname, op.Port)},
 		})
 	}
 	if fallback != nil {
 		l.FilterChains = append(l.FilterChains, &listener.FilterChain{
-			Filters: []*listener.Filter{tcpProxy(statPrefix, OutboundClusterName(op.Port, "", fallback.Hostname))},
+			Filters: []*listener.Filter{outboundTCPProxy(v, statPrefix, OutboundClusterName(op.Port, "", fallback.Hostname), fallback.Hostname, op.Port)},
 		})
 	} else {
 		l.DefaultFilterChain = &listener.FilterChain{Name: PassthroughCluster, Filters: []*listener.Filter{tcpProxy(PassthroughCluster, passthroughOrBlackhole(v, op.Port))}}
@@ -360,6 +360,21 @@ func tcpProxy(statPrefix, cluster string) *listener.Filter {
 	return &listener.Filter{Name: wellknown.TCPProxy, ConfigType: &listener.Filter_TypedConfig{TypedConfig: mustAny(&tcpproxy.TcpProxy{
 		StatPrefix:       statPrefix,
 		ClusterSpecifier: &tcpproxy.TcpProxy_Cluster{Cluster: cluster},
+	})}}
+}
+
+// outboundTCPProxy is tcp_proxy to a service's cluster, with the idle timeout and maximum
+// connection duration of its DestinationRule's TCP connection pool.
+func outboundTCPProxy(v *View, statPrefix, cluster, host string, port uint32) *listener.Filter {
+	tcp := policyFor(v.Scope.DestinationRule(host), nil, port).GetConnectionPool().GetTcp()
+	if tcp.GetIdleTimeout() == nil && tcp.GetMaxConnectionDuration() == nil {
+		return tcpProxy(statPrefix, cluster)
+	}
+	return &listener.Filter{Name: wellknown.TCPProxy, ConfigType: &listener.Filter_TypedConfig{TypedConfig: mustAny(&tcpproxy.TcpProxy{
+		StatPrefix:                      statPrefix,
+		ClusterSpecifier:                &tcpproxy.TcpProxy_Cluster{Cluster: cluster},
+		IdleTimeout:                     tcp.GetIdleTimeout(),
+		MaxDownstreamConnectionDuration: tcp.GetMaxConnectionDuration(),
 	})}}
 }
 

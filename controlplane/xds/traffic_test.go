@@ -13,6 +13,7 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	fault "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpproxy "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	previoushosts "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -398,4 +399,30 @@ spec:
 	in := xds.Generate(server, xds.ListenerType, []string{xds.GRPCInboundListenerPrefix + "10.2.0.1:8090", xds.GRPCInboundListenerPrefix + "10.2.0.1:9999"})
 	require.Equal(t, []string{xds.GRPCInboundListenerPrefix + "10.2.0.1:8090"}, in.Names())
 	require.NoError(t, in.Items[0].Message.(*listener.Listener).ValidateAll())
+}
+
+func TestTCPConnectionPoolTimesLandOnTheTCPProxy(t *testing.T) {
+	v := viewOf(t, `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: shop}
+spec:
+  hosts: [db.shop.svc.cluster.local]
+  addresses: [10.96.0.5]
+  resolution: STATIC
+  ports: [{number: 5432, name: tcp, protocol: TCP}]
+  endpoints: [{address: 10.1.5.1}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: db, namespace: shop}
+spec:
+  host: db.shop.svc.cluster.local
+  trafficPolicy: {connectionPool: {tcp: {idleTimeout: 90s, maxConnectionDuration: 1h}}}
+`, nil)
+	l := xds.Listeners(v).Find("0.0.0.0_5432").Message.(*listener.Listener)
+	var tp tcpproxy.TcpProxy
+	require.NoError(t, l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&tp))
+	assert.Equal(t, "outbound|5432||db.shop.svc.cluster.local", tp.GetCluster())
+	assert.Equal(t, 90*time.Second, tp.GetIdleTimeout().AsDuration())
+	assert.Equal(t, time.Hour, tp.GetMaxDownstreamConnectionDuration().AsDuration())
 }
