@@ -72,6 +72,17 @@ func Listeners(v *View) *Resources {
 		} else {
 			items = append(items, redirectOutboundListeners(v)...)
 			items = append(items, newResource(virtualOutbound(v)), newResource(virtualInbound(v)))
+			for _, in := range v.Inbounds {
+				// A Sidecar ingress listener with a bind address is a listener of its own
+				// (bound when its capture mode is NONE), not a chain of virtualInbound.
+				if in.Bind != "" {
+					name, l := inboundListener(v, in)
+					if !in.CaptureNone {
+						l.(*listener.Listener).BindToPort = wrapperspb.Bool(false)
+					}
+					items = append(items, newResource(name, l))
+				}
+			}
 		}
 		return newResources(patchListeners(v, items))
 	})
@@ -272,6 +283,9 @@ func virtualInbound(v *View) (string, proto.Message) {
 		}},
 	}
 	for _, in := range v.Inbounds {
+		if in.Bind != "" {
+			continue // its own listener
+		}
 		l.FilterChains = append(l.FilterChains, &listener.FilterChain{
 			Name:             InboundClusterName(in.Port),
 			FilterChainMatch: &listener.FilterChainMatch{DestinationPort: wrapperspb.UInt32(in.Port)},

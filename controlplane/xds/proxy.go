@@ -22,6 +22,7 @@ type Inbound struct {
 	// From a Sidecar ingress listener: the address to bind (empty: the proxy's), where the
 	// application listens (empty: the proxy's localhost on Port), and connection limits.
 	Bind         string
+	CaptureNone  bool
 	EndpointAddr string
 	EndpointPort uint32
 	Pool         *networking.ConnectionPoolSettings
@@ -119,7 +120,7 @@ func NewView(snap *push.Snapshot, p *model.Proxy) *View {
 		for _, il := range v.Scope.Ingress {
 			port := il.GetPort().GetNumber()
 			in := &Inbound{Port: port, ServicePort: port, Protocol: model.ParseProtocol(il.GetPort().GetProtocol(), il.GetPort().GetName()),
-				Bind: il.GetBind(), Pool: il.GetConnectionPool()}
+				Bind: il.GetBind(), CaptureNone: il.GetCaptureMode() == networking.CaptureMode_NONE, Pool: il.GetConnectionPool()}
 			if svc := services[port]; svc != nil {
 				in.ServicePort, in.Hosts = svc.ServicePort, svc.Hosts
 			}
@@ -152,7 +153,7 @@ func NewView(snap *push.Snapshot, p *model.Proxy) *View {
 		fmt.Fprintf(&b, "|%s|%s", p.Localhost, p.IP())
 	}
 	for _, in := range v.Inbounds {
-		fmt.Fprintf(&b, "|%d/%s/%s/%s:%d", in.Port, in.Protocol, in.Bind, in.EndpointAddr, in.EndpointPort)
+		fmt.Fprintf(&b, "|%d/%s/%s/%t/%s:%d", in.Port, in.Protocol, in.Bind, in.CaptureNone, in.EndpointAddr, in.EndpointPort)
 	}
 	b.WriteString(proxyMatchKey(snap, p))
 	v.Key = b.String()

@@ -131,6 +131,13 @@ func buildScope(snap *push.Snapshot, t *traffic, key string, p *model.Proxy) *Sc
 			}
 		}
 	}
+	if ep := s.EgressProxy; ep != nil {
+		// The egress proxy receives what the registry does not know: it needs its cluster.
+		if svc := snap.Service(resolveHost(ep.GetHost(), s.Namespace)); svc != nil && s.byHost[svc.Hostname] == nil && serviceVisible(snap, svc, s.Namespace) {
+			s.byHost[svc.Hostname] = svc
+			s.Services = append(s.Services, svc)
+		}
+	}
 	sortedServices(s.Services)
 	for _, svc := range s.Services {
 		if dr := t.destinationRule(svc.Hostname, svc.Namespace, s.Namespace, p.Labels); dr != nil {
