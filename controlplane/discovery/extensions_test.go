@@ -248,3 +248,46 @@ spec:
 		assert.False(t, r.Nacked, "the proxy accepted everything it was sent")
 	}
 }
+
+// The same over Delta xDS: the plugin's extension config arrives by name, and a new module
+// version is an update of that one resource.
+func TestWasmPluginOverDeltaECDS(t *testing.T) {
+	v1, v2 := []byte("\x00asm\x01\x00\x00\x00 d1"), []byte("\x00asm\x01\x00\x00\x00 d2")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(map[string][]byte{"/v1.wasm": v1, "/v2.wasm": v2}[r.URL.Path])
+	}))
+	t.Cleanup(srv.Close)
+	cache := t.TempDir()
+	e := start(t, map[string]string{"services.yaml": services, "quota.yaml": quotaPlugin(srv.URL+"/v1.wasm", sum(v1))},
+		func(o *discovery.Options) { o.WasmCacheDir = cache })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(e.cc).DeltaAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&discoverypb.DeltaDiscoveryRequest{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1"),
+		TypeUrl: xds.ExtensionType, ResourceNamesSubscribe: []string{"demo.quota"}}))
+	var mu sync.Mutex
+	module := ""
+	go func() {
+		for {
+			resp, err := st.Recv()
+			if err != nil {
+				return
+			}
+			for _, r := range resp.GetResources() {
+				tec := &core.TypedExtensionConfig{}
+				w := &wasmhttp.Wasm{}
+				if r.GetResource().UnmarshalTo(tec) == nil && tec.GetTypedConfig().UnmarshalTo(w) == nil {
+					mu.Lock()
+					module = w.GetConfig().GetVmConfig().GetCode().GetLocal().GetFilename()
+					mu.Unlock()
+				}
+			}
+			_ = st.Send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+		}
+	}()
+	got := func() string { mu.Lock(); defer mu.Unlock(); return module }
+	require.Eventually(t, func() bool { return got() == filepath.Join(cache, sum(v1)+".wasm") }, 10*time.Second, 5*time.Millisecond)
+	e.write("quota.yaml", quotaPlugin(srv.URL+"/v2.wasm", sum(v2)))
+	require.Eventually(t, func() bool { return got() == filepath.Join(cache, sum(v2)+".wasm") }, 10*time.Second, 5*time.Millisecond)
+}
