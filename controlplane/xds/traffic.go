@@ -236,6 +236,7 @@ func buildTraffic(snap *push.Snapshot) *traffic {
 			t.drByHost[dr.host] = append(t.drByHost[dr.host], dr)
 		}
 	}
+	t.reportUnknownDestinations(snap, report)
 	if ll := mesh.GetLocalityLbSetting(); len(ll.GetDistribute()) > 0 || len(ll.GetFailover()) > 0 || len(ll.GetFailoverPriority()) > 0 {
 		t.localityMatters = t.localityMatters || len(t.drs) > 0
 	}
@@ -243,6 +244,39 @@ func buildTraffic(snap *push.Snapshot) *traffic {
 		t.sidecars[c.Namespace] = append(t.sidecars[c.Namespace], c)
 	}
 	return t
+}
+
+// reportUnknownDestinations names the VirtualService destinations that cannot work: a host
+// the registry does not have, or a subset no DestinationRule for the host defines. Envoy
+// answers such requests with 503 (no cluster), as with Istio; the report says why.
+func (t *traffic) reportUnknownDestinations(snap *push.Snapshot, report *Report) {
+	for _, vs := range t.vs {
+		for i, r := range vs.spec.GetHttp() {
+			for _, d := range destinationsOf(r) {
+				host := resolveHost(d.GetHost(), vs.routeNS[i])
+				resource := fmt.Sprintf("http[%d] destination %s", i, host)
+				if snap.Service(host) == nil {
+					report.add(&Problem{Source: vs.cfg.Key(), Patch: -1, Resource: resource,
+						Err: fmt.Errorf("no service has this host; requests routed to it fail with 503")})
+					continue
+				}
+				if d.GetSubset() == "" {
+					continue
+				}
+				defined := false
+				for _, dr := range t.drs {
+					if hostMatches(host, dr.host) && dr.subset(d.GetSubset()) != nil {
+						defined = true
+						break
+					}
+				}
+				if !defined {
+					report.add(&Problem{Source: vs.cfg.Key(), Patch: -1, Resource: resource + " subset " + d.GetSubset(),
+						Err: fmt.Errorf("no DestinationRule for the host defines this subset; requests routed to it fail with 503")})
+				}
+			}
+		}
+	}
 }
 
 // mergeDestinationRule folds a later rule for the same host into the first; what cannot be
