@@ -220,7 +220,7 @@ func (m *Mesh) StartDiscovery(ctx context.Context) error {
 	env := append([]string{"PILOT_DEBOUNCE_AFTER=100ms"}, m.opts.DiscoveryEnv...)
 	p, err := startProcess("discovery", filepath.Join(m.opts.Dir, "logs"), filepath.Join(m.opts.BinDir, "discovery"),
 		[]string{"--configDir", m.configDir, "--grpcAddr", m.grpcAddr, "--httpAddr", m.httpAddr,
-			"--workloadEntryGracePeriod", "3s"}, env)
+			"--workloadEntryGracePeriod", "3s", "--wasmCacheDir", filepath.Join(m.opts.Dir, "wasm-cache")}, env)
 	if err != nil {
 		return err
 	}
