@@ -485,23 +485,7 @@ func (f *filter) outcome(s *hcm.Stream, res host.Result) bool {
 			s.Response = &hcm.Response{Local: true}
 			return true
 		case sig := <-f.signals:
-			switch sig.Kind {
-			case host.SignalContinue:
-				return false
-			case host.SignalLocalResponse:
-				f.localReply(s, sig.LocalResponse)
-				return true
-			case host.SignalFailed:
-				if sig.LocalResponse != nil {
-					f.localReply(s, sig.LocalResponse)
-					return true
-				}
-				f.gone = true
-				return false
-			case host.SignalClose:
-				s.SendLocalReply(http.StatusServiceUnavailable, "", nil, "wasm_close_stream", streaminfo.LocalReset)
-				return true
-			}
+			return f.signal(s, sig) == sigAnswered
 		}
 	}
 }
