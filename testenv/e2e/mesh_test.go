@@ -6,9 +6,6 @@ package e2e
 import (
 	"context"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/testenv/loadgen"
 	"github.com/wasmesh/wasmesh/testenv/localmesh"
+	"github.com/wasmesh/wasmesh/testenv/localmesh/meshtest"
 )
 
 // startMesh starts a mesh with config files, closed when the test ends. It skips when the
@@ -24,20 +22,7 @@ import (
 // when MESH_PROXY=envoy asks for an Envoy the machine does not have.
 func startMesh(t *testing.T, config map[string]string) (*localmesh.Mesh, context.Context) {
 	t.Helper()
-	bin := os.Getenv("WASMESH_BIN_DIR")
-	if bin == "" {
-		bin, _ = filepath.Abs(filepath.Join("..", "..", "bin"))
-	}
-	if _, err := os.Stat(filepath.Join(bin, "agent")); err != nil {
-		if os.Getenv("WASMESH_REQUIRE_FIXTURES") != "" {
-			t.Fatalf("binaries missing in %s: %v", bin, err)
-		}
-		t.Skipf("binaries missing in %s: run `make build` (make test builds them)", bin)
-	}
-	wasmDir := os.Getenv("WASMESH_WASM_DIR")
-	if wasmDir == "" {
-		wasmDir, _ = filepath.Abs(filepath.Join("..", "..", "build", "wasm"))
-	}
+	bin, wasmDir := meshtest.Binaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	m, err := localmesh.Start(ctx, localmesh.Options{BinDir: bin, WasmDir: wasmDir, Config: config, Logf: t.Logf})
@@ -55,23 +40,9 @@ func startMesh(t *testing.T, config map[string]string) (*localmesh.Mesh, context
 	return m, ctx
 }
 
-// serviceEntry is a mesh service on port (clients call it) with pods on targetPort.
-func serviceEntry(name string, port, targetPort int) string {
-	return `apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: ` + name + `, namespace: default}
-spec:
-  hosts: [` + name + `.default.svc.cluster.local]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{number: ` + strconv.Itoa(port) + `, name: http, targetPort: ` + strconv.Itoa(targetPort) + `}]
-  workloadSelector: {labels: {app: ` + name + `}}
-`
-}
-
 // frontBack is the smallest useful topology: a frontend that calls a backend.
 func frontBack() map[string]string {
-	return map[string]string{"services.yaml": serviceEntry("frontend", 9080, 8080) + "---\n" + serviceEntry("backend", 9081, 8081)}
+	return map[string]string{"services.yaml": meshtest.ServiceEntry("frontend", 9080, 8080) + "---\n" + meshtest.ServiceEntry("backend", 9081, 8081)}
 }
 
 func backendPod(extra ...func(*localmesh.PodSpec)) localmesh.PodSpec {

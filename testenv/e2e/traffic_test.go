@@ -12,6 +12,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/testenv/loadgen"
 	"github.com/wasmesh/wasmesh/testenv/localmesh"
+	"github.com/wasmesh/wasmesh/testenv/localmesh/meshtest"
 )
 
 const reviewsURL = "http://reviews.default.svc.cluster.local:9080/"
@@ -21,7 +22,7 @@ const reviewsURL = "http://reviews.default.svc.cluster.local:9080/"
 func reviewsMesh(t *testing.T) (*localmesh.Mesh, context.Context, *localmesh.Pod) {
 	t.Helper()
 	m, ctx := startMesh(t, map[string]string{
-		"services.yaml": serviceEntry("reviews", 9080, 8080) + "---\n" + serviceEntry("client", 9090, 8090),
+		"services.yaml": meshtest.ServiceEntry("reviews", 9080, 8080) + "---\n" + meshtest.ServiceEntry("client", 9090, 8090),
 		"reviews-dr.yaml": `apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {name: reviews, namespace: default}

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,53 +12,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasmesh/wasmesh/testenv/echo"
+	"github.com/wasmesh/wasmesh/testenv/localmesh/meshtest"
 )
 
-// binDir finds the built binaries, or skips the test when they are missing (fails under
-// make test, which builds them first).
-func binDir(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("WASMESH_BIN_DIR")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "bin")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "agent")); err != nil {
-		if os.Getenv("WASMESH_REQUIRE_FIXTURES") != "" {
-			t.Fatalf("binaries missing in %s: %v", dir, err)
-		}
-		t.Skipf("binaries missing in %s (run `make build`, or `make test`)", dir)
-	}
-	abs, err := filepath.Abs(dir)
-	require.NoError(t, err)
-	return abs
-}
-
-const twoServices = `
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: frontend, namespace: default}
-spec:
-  hosts: [frontend.default.svc.cluster.local]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{number: 9080, name: http, targetPort: 8080}]
-  workloadSelector: {labels: {app: frontend}}
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: backend, namespace: default}
-spec:
-  hosts: [backend.default.svc.cluster.local]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{number: 9081, name: http, targetPort: 8081}]
-  workloadSelector: {labels: {app: backend}}
-`
+var twoServices = meshtest.ServiceEntry("frontend", 9080, 8080) + "---\n" + meshtest.ServiceEntry("backend", 9081, 8081)
 
 func TestTwoPodsTalkThroughTheirSidecars(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	m, err := Start(ctx, Options{BinDir: binDir(t), Config: map[string]string{"services.yaml": twoServices}, Logf: t.Logf})
+	bin, _ := meshtest.Binaries(t)
+	m, err := Start(ctx, Options{BinDir: bin, Config: map[string]string{"services.yaml": twoServices}, Logf: t.Logf})
 	require.NoError(t, err)
 	defer m.Close()
 

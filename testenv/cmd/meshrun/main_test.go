@@ -12,27 +12,18 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/testenv/localmesh/meshtest"
 )
 
 // `make run` end to end: meshrun starts the sample mesh and reports the first successful
 // request; Ctrl-C stops it with no failed request and no process left behind.
 func TestMeshrunStartsAndStopsCleanly(t *testing.T) {
-	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	require.NoError(t, err)
-	bin := os.Getenv("WASMESH_BIN_DIR")
-	if bin == "" {
-		bin = filepath.Join(root, "bin")
-	}
+	bin, wasmDir := meshtest.Binaries(t)
 	if _, err := os.Stat(filepath.Join(bin, "meshrun")); err != nil {
-		if os.Getenv("WASMESH_REQUIRE_FIXTURES") != "" {
-			t.Fatalf("meshrun missing in %s: %v", bin, err)
-		}
-		t.Skipf("meshrun missing in %s: run `make build`", bin)
+		t.Fatalf("meshrun missing in %s beside the other binaries: %v", bin, err)
 	}
-	wasmDir := os.Getenv("WASMESH_WASM_DIR")
-	if wasmDir == "" {
-		wasmDir = filepath.Join(root, "build", "wasm")
-	}
+	root := meshtest.Root()
 	dir := t.TempDir()
 	cmd := exec.Command(filepath.Join(bin, "meshrun"), "--dir", dir, "--bin", bin, "--wasm", wasmDir,
 		"--config", filepath.Join(root, "testenv", "samples", "bookinfo"), "--interval", "500ms", "--rate", "50")
