@@ -306,7 +306,9 @@ type followUp struct {
 	sub, unsub []string // delta
 }
 
-// apply stores resources and works out the EDS/RDS subscriptions that CDS/LDS imply.
+// apply stores resources and works out the EDS/RDS subscriptions that CDS/LDS imply. The
+// EDS subscription follows each cluster as it changes: rebuilding it from every cluster on
+// every response costs a client that holds thousands of clusters more than the server spends.
 func (c *Client) apply(typ string, items []item, removed []string, replaceAll bool) []followUp {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -317,7 +319,8 @@ func (c *Client) apply(typ string, items []item, removed []string, replaceAll bo
 	}
 	c.gen++
 	gen := c.gen
-	implied := false // whether this type implies a subscription that may have changed
+	var edsAdd, edsDrop []string // clusters that start or stop using EDS
+	listenersChanged := false
 	for _, it := range items {
 		e := store[string(it.name)] // no allocation for the lookup
 		if e == nil {
@@ -327,81 +330,94 @@ func (c *Client) apply(typ string, items []item, removed []string, replaceAll bo
 		e.gen = gen
 		switch typ {
 		case ClusterType:
-			_, eds := edsCluster(it.value)
-			implied = implied || e.eds != eds || c.follows[EndpointType].names[string(it.name)] != eds
-			e.eds = eds
+			_, e.eds = edsCluster(it.value)
+			if followed := c.follows[EndpointType].names[string(it.name)]; e.eds && !followed {
+				edsAdd = append(edsAdd, string(it.name))
+			} else if !e.eds && followed {
+				edsDrop = append(edsDrop, string(it.name))
+			}
 		case ListenerType:
 			e.routes = routeNames(it.value)
-			implied = true
+			listenersChanged = true
 		}
 		// A thin client keeps the bytes of endpoints only (tests look into those).
 		if !c.cfg.Thin || typ == EndpointType {
 			e.raw = append(e.raw[:0:0], it.value...)
 		}
 	}
+	drop := func(n string) {
+		delete(store, n)
+		edsDrop = append(edsDrop, n)
+		listenersChanged = true
+	}
 	for _, n := range removed {
 		if _, ok := store[n]; ok {
-			delete(store, n)
-			implied = true
+			drop(n)
 		}
 	}
 	if replaceAll {
 		for n, e := range store {
 			if e.gen != gen {
-				delete(store, n)
-				implied = true
+				drop(n)
 			}
 		}
 	}
-	if !implied {
-		return nil
-	}
-	switch typ {
-	case ClusterType:
-		if c.cfg.SkipEDS {
-			return nil
-		}
-		want := map[string]bool{}
-		for name, e := range store {
-			if e.eds {
-				want[name] = true
-			}
-		}
-		return c.follow(EndpointType, want)
-	case ListenerType:
+	switch {
+	case typ == ClusterType && !c.cfg.SkipEDS:
+		return c.follow(EndpointType, edsAdd, edsDrop)
+	case typ == ListenerType && listenersChanged:
+		// Listeners are few: the RDS subscription is recomputed from all of them.
 		want := map[string]bool{}
 		for _, e := range store {
 			for _, rn := range e.routes {
 				want[rn] = true
 			}
 		}
-		return c.follow(RouteType, want)
+		var add, stale []string
+		for rn := range want {
+			add = append(add, rn)
+		}
+		for rn := range c.follows[RouteType].names {
+			if !want[rn] {
+				stale = append(stale, rn)
+			}
+		}
+		return c.follow(RouteType, add, stale)
 	}
 	return nil
 }
 
-// follow updates a derived subscription (caller holds c.mu).
-func (c *Client) follow(typ string, want map[string]bool) []followUp {
+// follow adds names to and drops names from a derived subscription and returns the request
+// that changes it, if it changed (caller holds c.mu).
+func (c *Client) follow(typ string, add, drop []string) []followUp {
 	f := c.follows[typ]
 	var sub, unsub []string
-	for n := range want {
+	for _, n := range add {
 		if !f.names[n] {
+			f.names[n] = true
 			sub = append(sub, n)
 		}
 	}
-	for n := range f.names {
-		if !want[n] {
-			unsub = append(unsub, n)
+	for _, n := range drop {
+		if f.names[n] {
+			delete(f.names, n)
 			delete(c.resources[typ], n)
+			unsub = append(unsub, n)
 		}
 	}
 	if len(sub) == 0 && len(unsub) == 0 {
 		return nil
 	}
-	c.follows[typ] = &followed{names: want}
-	sort.Strings(sub)
-	sort.Strings(unsub)
-	return []followUp{{typ: typ, names: c.follows[typ].list(), sub: sub, unsub: unsub}}
+	f.sorted = nil
+	fu := followUp{typ: typ}
+	if c.cfg.Delta {
+		sort.Strings(sub)
+		sort.Strings(unsub)
+		fu.sub, fu.unsub = sub, unsub
+	} else {
+		fu.names = f.list()
+	}
+	return []followUp{fu}
 }
 
 func (c *Client) subscription(typ string) []string {
@@ -543,7 +559,14 @@ func (c *Client) Count(typ string) int {
 }
 
 // Subscribed is the number of names the client subscribes to for EDS or RDS.
-func (c *Client) Subscribed(typ string) int { return len(c.subscription(typ)) }
+func (c *Client) Subscribed(typ string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f := c.follows[typ]; f != nil {
+		return len(f.names)
+	}
+	return 0
+}
 
 // LastAck is when the client last ACKed a response of typ (zero if never).
 func (c *Client) LastAck(typ string) time.Time {

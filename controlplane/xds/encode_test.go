@@ -2,6 +2,7 @@ package xds
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -12,9 +13,12 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
+// testSet has small resources and one above referenceAbove, whose bytes a response
+// references instead of copying.
 func testSet() *Resources {
 	return newResources([]*Resource{
-		newResource("b", &cluster.Cluster{Name: "b"}),
+		newResource("c", &cluster.Cluster{Name: "c"}),
+		newResource("b", &cluster.Cluster{Name: "b", AltStatName: strings.Repeat("y", 2*referenceAbove)}),
 		newResource("a", &cluster.Cluster{Name: "a", AltStatName: "x"}),
 	})
 }
