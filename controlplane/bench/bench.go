@@ -177,22 +177,32 @@ func (l *Loader) line() (string, error) {
 
 // Wait sends a wait command and returns the time of the last ACK.
 func (l *Loader) Wait(command string) (time.Time, error) {
+	t, _, err := l.WaitCount(command)
+	return t, err
+}
+
+// WaitCount is Wait that also returns how many clients the answer counts.
+func (l *Loader) WaitCount(command string) (time.Time, int, error) {
 	if _, err := fmt.Fprintln(l.stdin, command); err != nil {
-		return time.Time{}, err
+		return time.Time{}, 0, err
 	}
 	line, err := l.line()
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, 0, err
 	}
 	f := strings.Fields(line)
-	if len(f) < 2 || f[0] != "done" {
-		return time.Time{}, fmt.Errorf("xdsload: %s", line)
+	if len(f) < 3 || f[0] != "done" {
+		return time.Time{}, 0, fmt.Errorf("xdsload: %s", line)
 	}
 	ns, err := strconv.ParseInt(f[1], 10, 64)
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, 0, err
 	}
-	return time.Unix(0, ns), nil
+	n, err := strconv.Atoi(f[2])
+	if err != nil {
+		return time.Time{}, 0, err
+	}
+	return time.Unix(0, ns), n, nil
 }
 
 // Stop ends the process.

@@ -42,7 +42,9 @@ import (
 // waits until every client has ACKed the new endpoint. At 1000 services and more,
 // "server=wasmesh-sidecar-scoped" repeats discovery's run with each proxy scoped by a Sidecar to 10
 // services plus a shared namespace, where its changes happen, so every proxy sees them: the
-// ratio to the unscoped run is what scoping saves (connect-* metrics: connecting all proxies). Select scales with
+// ratio to the unscoped run is what scoping saves (connect-* metrics: connecting all proxies);
+// its "change=endpoints-of-one-scope" repeats the unscoped run's endpoints change (svc-0), which
+// only the proxies that import svc-0 see. Select scales with
 // WASMESH_BENCH_SCALES (e.g. "100x100,1000x2000") and protocols with WASMESH_BENCH_XDS
 // ("delta", "sotw" or both, comma-separated).
 func BenchmarkPush(b *testing.B) {
@@ -199,6 +201,28 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 			require.NoError(b, err)
 			return start, last
 		})
+	})
+	if !scoped {
+		return
+	}
+	// The unscoped run's endpoints change again (an endpoint of svc-0), which only the
+	// proxies whose Sidecar imports svc-0 see: what a scoped proxy costs for a change
+	// outside its scope.
+	b.Run("change=endpoints-of-one-scope", func(b *testing.B) {
+		defer report(b)
+		watchers := 0
+		measure(b, loader, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
+			seq++
+			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
+			start := time.Now()
+			d.Entries.SetWorkload(&model.Workload{Name: fmt.Sprintf("auto-%d", seq), Namespace: "load", Labels: map[string]string{"app": "svc-0"}, IPs: []string{ip}})
+			last, n, err := loader.WaitCount(fmt.Sprintf("endpoint-watchers %s %s", ClusterName(0), ip))
+			require.NoError(b, err)
+			require.Positive(b, n, "no proxy watches %s", ClusterName(0))
+			watchers = n
+			return start, last
+		})
+		b.ReportMetric(float64(watchers), "watching-proxies")
 	})
 }
 

@@ -4,10 +4,15 @@
 //	ready                      printed once every client has CDS, EDS, LDS and RDS
 //	cluster <name>             wait until every client has the cluster and its endpoints
 //	endpoint <cluster> <addr>  wait until every client's assignment for cluster has addr
+//	endpoint-watchers <cluster> <addr>
+//	                           the same for the clients that hold the cluster's assignment
+//	                           only (the answer counts them)
 //
 //	profile start <file>       start a CPU profile of this process (profile stop ends it)
 //
-// Each command answers "done <unix-nanos of the last ACK> <clients>" or "error <message>".
+// Each command answers "done <unix-nanos of the last ACK> <clients>" or "error <message>";
+// the last ACK is the latest among all clients, so clients a change does not concern add
+// nothing to it.
 package main
 
 import (
@@ -137,6 +142,7 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		var cond func(*adsc.Client) bool
+		counted := func(*adsc.Client) bool { return true } // the clients the answer counts
 		ackType := adsc.EndpointType
 		switch {
 		case len(f) == 3 && f[0] == "profile" && f[1] == "start":
@@ -144,7 +150,11 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 			if err == nil {
 				err = pprof.StartCPUProfile(pf)
 			}
-			fmt.Fprintf(out, "done 0 %v\n", err)
+			if err != nil {
+				fmt.Fprintf(out, "error %v\n", err)
+			} else {
+				fmt.Fprintln(out, "done 0 0")
+			}
 			continue
 		case len(f) == 2 && f[0] == "profile" && f[1] == "stop":
 			pprof.StopCPUProfile()
@@ -156,6 +166,10 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 		case len(f) == 3 && f[0] == "endpoint":
 			cluster, addr := f[1], f[2]
 			cond = func(c *adsc.Client) bool { return hasEndpoint(c, cluster, addr) }
+		case len(f) == 3 && f[0] == "endpoint-watchers":
+			cluster, addr := f[1], f[2]
+			cond = func(c *adsc.Client) bool { return !c.Has(adsc.EndpointType, cluster) || hasEndpoint(c, cluster, addr) }
+			counted = func(c *adsc.Client) bool { return c.Has(adsc.EndpointType, cluster) }
 		default:
 			fmt.Fprintf(out, "error unknown command %q\n", sc.Text())
 			continue
@@ -168,7 +182,13 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 		for _, p := range proxies {
 			p.c.TrimLog()
 		}
-		fmt.Fprintf(out, "done %d %d\n", last.UnixNano(), len(proxies))
+		n := 0
+		for _, p := range proxies {
+			if counted(p.c) {
+				n++
+			}
+		}
+		fmt.Fprintf(out, "done %d %d\n", last.UnixNano(), n)
 	}
 	return sc.Err()
 }

@@ -21,54 +21,86 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/server"
 )
 
+// loadRun is xdsload's loop running against a real discovery serving config.
+type loadRun struct {
+	t     *testing.T
+	d     *discovery.Discovery
+	dir   string
+	in    *io.PipeWriter
+	lines *bufio.Scanner
+	ran   chan error
+	stop  func()
+}
+
+func startLoad(t *testing.T, config string, o options) *loadRun {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "s.yaml"), []byte(config), 0o644))
+	opts := discovery.Options{ConfigDir: dir, GRPCAddr: "127.0.0.1:0", Server: server.Defaults(), ShutdownGrace: time.Second}
+	opts.Server.Debounce = push.DebounceOptions{After: time.Millisecond, Max: time.Second, EnableEDS: true}
+	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	require.Eventually(t, d.Server.Ready, 10*time.Second, time.Millisecond)
+
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	r := &loadRun{t: t, d: d, dir: dir, in: inW, lines: bufio.NewScanner(outR), ran: make(chan error, 1)}
+	o.addr, o.timeout, o.dialers = d.GRPCAddr(), 20*time.Second, 2
+	go func() {
+		r.ran <- run(ctx, o, inR, outW)
+		outW.Close()
+	}()
+	r.stop = func() {
+		inW.Close()
+		require.NoError(t, <-r.ran)
+		cancel()
+		require.NoError(t, <-done)
+	}
+	return r
+}
+
+func (r *loadRun) next() string {
+	require.True(r.t, r.lines.Scan(), "xdsload ended early")
+	return r.lines.Text()
+}
+
+// ask sends a command and returns the answer.
+func (r *loadRun) ask(command string) string {
+	_, err := io.WriteString(r.in, command+"\n")
+	require.NoError(r.t, err)
+	return r.next()
+}
+
 // TestLoadClientsReportConvergence drives the command's loop against a real discovery:
 // ready, a new service, a new endpoint.
 func TestLoadClientsReportConvergence(t *testing.T) {
 	for _, delta := range []bool{false, true} {
-		dir := t.TempDir()
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "s.yaml"), []byte(bench.ServiceEntries(3)), 0o644))
-		opts := discovery.Options{ConfigDir: dir, GRPCAddr: "127.0.0.1:0", Server: server.Defaults(), ShutdownGrace: time.Second}
-		opts.Server.Debounce = push.DebounceOptions{After: time.Millisecond, Max: time.Second, EnableEDS: true}
-		d, err := discovery.New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
-		require.NoError(t, err)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- d.Run(ctx) }()
-		require.Eventually(t, d.Server.Ready, 10*time.Second, time.Millisecond)
+		r := startLoad(t, bench.ServiceEntries(3), options{proxies: 5, delta: delta})
+		assert.Equal(t, "ready", r.next())
 
-		inR, inW := io.Pipe()
-		outR, outW := io.Pipe()
-		ran := make(chan error, 1)
-		go func() {
-			ran <- run(ctx, options{addr: d.GRPCAddr(), proxies: 5, delta: delta, timeout: 20 * time.Second, dialers: 2}, inR, outW)
-			outW.Close()
-		}()
-		lines := bufio.NewScanner(outR)
-		next := func() string {
-			require.True(t, lines.Scan(), "xdsload ended early")
-			return lines.Text()
-		}
-		assert.Equal(t, "ready", next())
+		require.NoError(t, os.WriteFile(filepath.Join(r.dir, "new.yaml"), []byte(bench.ServiceEntry(7)), 0o644))
+		require.NoError(t, r.d.Configs.Sync())
+		assert.True(t, strings.HasPrefix(r.ask("cluster "+bench.ClusterName(7)), "done "))
 
-		require.NoError(t, os.WriteFile(filepath.Join(dir, "new.yaml"), []byte(bench.ServiceEntry(7)), 0o644))
-		require.NoError(t, d.Configs.Sync())
-		_, err = io.WriteString(inW, "cluster "+bench.ClusterName(7)+"\n")
-		require.NoError(t, err)
-		assert.True(t, strings.HasPrefix(next(), "done "))
-
-		d.Entries.SetWorkload(&model.Workload{Name: "w", Namespace: "load", Labels: map[string]string{"app": "svc-1"}, IPs: []string{"10.99.0.1"}})
-		_, err = io.WriteString(inW, "endpoint "+bench.ClusterName(1)+" 10.99.0.1\n")
-		require.NoError(t, err)
-		line := next()
+		r.d.Entries.SetWorkload(&model.Workload{Name: "w", Namespace: "load", Labels: map[string]string{"app": "svc-1"}, IPs: []string{"10.99.0.1"}})
+		line := r.ask("endpoint " + bench.ClusterName(1) + " 10.99.0.1")
 		assert.True(t, strings.HasPrefix(line, "done ") && strings.HasSuffix(line, " 5"), line)
 
-		_, err = io.WriteString(inW, "bogus\n")
-		require.NoError(t, err)
-		assert.True(t, strings.HasPrefix(next(), "error "))
-
-		inW.Close()
-		require.NoError(t, <-ran)
-		cancel()
-		require.NoError(t, <-done)
+		assert.True(t, strings.HasPrefix(r.ask("bogus"), "error "))
+		r.stop()
 	}
+}
+
+// With proxies scoped by Sidecars, endpoint-watchers waits for, and counts, only the
+// proxies whose scope holds the service.
+func TestEndpointWatchersAreTheProxiesInScope(t *testing.T) {
+	// 20 services in two scopes of 10; proxies 0, 2, 4 in the first, 1 and 3 in the second.
+	r := startLoad(t, bench.ScopedConfig(20), options{proxies: 5, delta: true, namespaces: 2})
+	assert.Equal(t, "ready", r.next())
+	r.d.Entries.SetWorkload(&model.Workload{Name: "w", Namespace: "load", Labels: map[string]string{"app": "svc-12"}, IPs: []string{"10.99.0.2"}})
+	line := r.ask("endpoint-watchers " + bench.ClusterName(12) + " 10.99.0.2")
+	assert.True(t, strings.HasPrefix(line, "done ") && strings.HasSuffix(line, " 2"), line)
+	r.stop()
 }
