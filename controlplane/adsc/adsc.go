@@ -345,27 +345,25 @@ func (c *Client) apply(typ string, items []item, removed []string, replaceAll bo
 			e.raw = append(e.raw[:0:0], it.value...)
 		}
 	}
-	drop := func(n string) {
-		delete(store, n)
-		edsDrop = append(edsDrop, n)
-		listenersChanged = true
-	}
+	var dropped []string // resources the server removed
 	for _, n := range removed {
 		if _, ok := store[n]; ok {
-			drop(n)
+			delete(store, n)
+			dropped = append(dropped, n)
 		}
 	}
 	if replaceAll {
 		for n, e := range store {
 			if e.gen != gen {
-				drop(n)
+				delete(store, n)
+				dropped = append(dropped, n)
 			}
 		}
 	}
 	switch {
 	case typ == ClusterType && !c.cfg.SkipEDS:
-		return c.follow(EndpointType, edsAdd, edsDrop)
-	case typ == ListenerType && listenersChanged:
+		return c.follow(EndpointType, edsAdd, append(edsDrop, dropped...))
+	case typ == ListenerType && (listenersChanged || len(dropped) > 0):
 		// Listeners are few: the RDS subscription is recomputed from all of them.
 		want := map[string]bool{}
 		for _, e := range store {

@@ -211,6 +211,41 @@ func TestProxiesReceiveEveryTypeInOrderAndAck(t *testing.T) {
 	}
 }
 
+// A removed service leaves the proxy's EDS and RDS subscriptions: the client unsubscribes
+// from the cluster's endpoints and the port's routes, and the server stops tracking them.
+func TestRemovedServiceLeavesTheSubscriptions(t *testing.T) {
+	for _, delta := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sotw", true: "delta"}[delta], func(t *testing.T) {
+			e := start(t, map[string]string{"services.yaml": services}, nil)
+			fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1"), Delta: delta})
+			wait(t, fe, has(adsc.RouteType, "9080", "9081"))
+			wait(t, fe, has(adsc.EndpointType, frontendCluster, backendCluster))
+			subscribed := func(typ string) int {
+				conn := e.d.Server.Connection("sidecar~127.10.0.1~frontend-1.demo~demo.svc.cluster.local")
+				for _, st := range conn.SyncStatus() {
+					if st.Type == typ {
+						return st.Subscribed
+					}
+				}
+				return -1
+			}
+			edsBefore := subscribed("eds")
+			require.Equal(t, edsBefore, fe.Subscribed(adsc.EndpointType))
+
+			e.write("services.yaml", services[:strings.Index(services, "---")])
+			wait(t, fe, func(c *adsc.Client) bool {
+				return !c.Has(adsc.ClusterType, backendCluster) && !c.Has(adsc.EndpointType, backendCluster) && !c.Has(adsc.RouteType, "9081")
+			})
+			assert.Equal(t, edsBefore-1, fe.Subscribed(adsc.EndpointType))
+			assert.True(t, fe.Has(adsc.EndpointType, frontendCluster))
+			// The server has the client's new subscriptions once it has read their requests.
+			require.Eventually(t, func() bool {
+				return subscribed("eds") == edsBefore-1 && subscribed("rds") == fe.Subscribed(adsc.RouteType)
+			}, 10*time.Second, 5*time.Millisecond)
+		})
+	}
+}
+
 func TestEndpointsOnlyChangeSendsOnlyEDSToWatchers(t *testing.T) {
 	for _, delta := range []bool{false, true} {
 		t.Run(map[bool]string{false: "sotw", true: "delta"}[delta], func(t *testing.T) {
