@@ -79,32 +79,15 @@ func ServiceEntries(n int) string {
 }
 
 // ServiceEntry renders service i.
-func ServiceEntry(i int) string {
-	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: svc-%d, namespace: load}
-spec:
-  hosts: [svc-%d.load.svc.cluster.local]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{number: 80, name: http, targetPort: 8080}]
-  workloadSelector: {labels: {app: svc-%d}}
-`, i, i, i)
-}
+func ServiceEntry(i int) string { return ServiceEntryIn("load", fmt.Sprintf("svc-%d", i)) }
 
-func workloadEntry(i int) string {
-	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: svc-%d-we, namespace: load}
-spec: {address: %s, labels: {app: svc-%d}}
-`, i, IP(i), i)
-}
+func workloadEntry(i int) string { return workloadEntryIn("load", fmt.Sprintf("svc-%d", i), IP(i)) }
 
 // IP is a distinct address for index i.
 func IP(i int) string { return fmt.Sprintf("10.%d.%d.%d", 1+i/65536, i/256%256, i%256) }
 
 // ClusterName is the outbound cluster of service i.
-func ClusterName(i int) string { return fmt.Sprintf("outbound|80||svc-%d.load.svc.cluster.local", i) }
+func ClusterName(i int) string { return ClusterNameIn("load", fmt.Sprintf("svc-%d", i)) }
 
 // Loader drives an xdsload process.
 type Loader struct {
@@ -264,13 +247,14 @@ func ClientNamespace(g int) string { return fmt.Sprintf("client-%d", g) }
 func ScopeGroups(services int) int { return (services + ScopeSize - 1) / ScopeSize }
 
 // ScopedConfig renders ServiceEntries(services), one shared service with its workload, and a
-// Sidecar per client namespace importing its slice of the services and the shared namespace.
+// Sidecar per client namespace importing its own namespace, its slice of the services and the
+// shared namespace.
 func ScopedConfig(services int) string {
 	var b strings.Builder
 	b.WriteString(ServiceEntries(services))
 	fmt.Fprintf(&b, "---\n%s---\n%s", SharedServiceEntry(0), sharedWorkloadEntry(0))
 	for g := 0; g < ScopeGroups(services); g++ {
-		hosts := []string{`"` + SharedNamespace + `/*"`}
+		hosts := []string{`"./*"`, `"` + SharedNamespace + `/*"`}
 		for k := g * ScopeSize; k < (g+1)*ScopeSize && k < services; k++ {
 			hosts = append(hosts, fmt.Sprintf("load/svc-%d.load.svc.cluster.local", k))
 		}
@@ -288,27 +272,41 @@ spec:
 // SharedServiceEntry renders service i of the shared namespace, which every scoped proxy
 // imports.
 func SharedServiceEntry(i int) string {
-	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: shared-%d, namespace: %s}
-spec:
-  hosts: [shared-%d.%s.svc.cluster.local]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{number: 80, name: http, targetPort: 8080}]
-  workloadSelector: {labels: {app: shared-%d}}
-`, i, SharedNamespace, i, SharedNamespace, i)
+	return ServiceEntryIn(SharedNamespace, fmt.Sprintf("shared-%d", i))
 }
 
 func sharedWorkloadEntry(i int) string {
-	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: shared-%d-we, namespace: %s}
-spec: {address: %s, labels: {app: shared-%d}}
-`, i, SharedNamespace, IP(60000+i), i)
+	return workloadEntryIn(SharedNamespace, fmt.Sprintf("shared-%d", i), IP(60000+i))
 }
 
 // SharedClusterName is the outbound cluster of shared service i.
 func SharedClusterName(i int) string {
-	return fmt.Sprintf("outbound|80||shared-%d.%s.svc.cluster.local", i, SharedNamespace)
+	return ClusterNameIn(SharedNamespace, fmt.Sprintf("shared-%d", i))
+}
+
+// ServiceEntryIn renders service name of namespace ns on port 80, selecting app=name.
+func ServiceEntryIn(ns, name string) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: %s, namespace: %s}
+spec:
+  hosts: [%s.%s.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 80, name: http, targetPort: 8080}]
+  workloadSelector: {labels: {app: %s}}
+`, name, ns, name, ns, name)
+}
+
+func workloadEntryIn(ns, app, ip string) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: %s-we, namespace: %s}
+spec: {address: %s, labels: {app: %s}}
+`, app, ns, ip, app)
+}
+
+// ClusterNameIn is the outbound cluster of ServiceEntryIn(ns, name).
+func ClusterNameIn(ns, name string) string {
+	return fmt.Sprintf("outbound|80||%s.%s.svc.cluster.local", name, ns)
 }

@@ -43,8 +43,9 @@ import (
 // "server=wasmesh-sidecar-scoped" repeats discovery's run with each proxy scoped by a Sidecar to 10
 // services plus a shared namespace, where its changes happen, so every proxy sees them: the
 // ratio to the unscoped run is what scoping saves (connect-* metrics: connecting all proxies);
-// its "change=endpoints-of-one-scope" repeats the unscoped run's endpoints change (svc-0), which
-// only the proxies that import svc-0 see. Select scales with
+// its "change=full-of-one-scope" adds a service that only the proxies of one client namespace
+// import, and "change=endpoints-of-one-scope" repeats the unscoped run's endpoints change
+// (svc-0), which only the proxies that import svc-0 see. Select scales with
 // WASMESH_BENCH_SCALES (e.g. "100x100,1000x2000") and protocols with WASMESH_BENCH_XDS
 // ("delta", "sotw" or both, comma-separated).
 func BenchmarkPush(b *testing.B) {
@@ -205,6 +206,25 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	if !scoped {
 		return
 	}
+	// A new service in one client namespace: only the proxies there (1%) import it, the
+	// others are not pushed at all (Istio's ProxyNeedsPush). Beside the unscoped run's
+	// change=full, where every proxy sees the new service.
+	b.Run("change=full-of-one-scope", func(b *testing.B) {
+		defer report(b)
+		watchers, ns := 0, ClientNamespace(0)
+		measure(b, loader, bytes, memPerProxy, debounce, func(int) (time.Time, time.Time) {
+			name := fmt.Sprintf("local-%d", next)
+			next++
+			start := time.Now()
+			require.NoError(b, os.WriteFile(filepath.Join(dir, name+".yaml"), []byte(ServiceEntryIn(ns, name)+"---\n"+workloadEntryIn(ns, name, IP(next))), 0o644))
+			last, n, err := loader.WaitCount(fmt.Sprintf("cluster %s %s", ClusterNameIn(ns, name), ns))
+			require.NoError(b, err)
+			require.Positive(b, n, "no proxy in %s", ns)
+			watchers = n
+			return start, last
+		})
+		b.ReportMetric(float64(watchers), "watching-proxies")
+	})
 	// The unscoped run's endpoints change again (an endpoint of svc-0), which only the
 	// proxies whose Sidecar imports svc-0 see: what a scoped proxy costs for a change
 	// outside its scope.

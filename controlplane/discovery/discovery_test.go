@@ -18,6 +18,7 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -283,6 +284,79 @@ spec: {hosts: [extra.demo.svc.cluster.local], resolution: STATIC, ports: [{numbe
 			}
 		})
 	}
+}
+
+// A change of services pushes only the proxies it concerns (Istio's ProxyNeedsPush): a
+// proxy whose Sidecar does not reach the changed service is left alone, unless the service
+// is in its own namespace (it may select the proxy); the unscoped proxy sees everything.
+func TestServiceChangesPushOnlyTheProxiesTheyConcern(t *testing.T) {
+	e := start(t, map[string]string{"services.yaml": services, "sidecar.yaml": `
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: scoped}
+spec:
+  egress: [{hosts: [demo/backend.demo.svc.cluster.local]}]
+`}, nil)
+	fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")})
+	md, err := structpb.NewStruct(map[string]any{"NAME": "client-1", "NAMESPACE": "scoped", "LABELS": map[string]any{"app": "client"},
+		"INSTANCE_IPS": "127.10.0.5", "INTERCEPTION_MODE": "NONE", "WASMESH_LOCALHOST": "127.20.0.5"})
+	require.NoError(t, err)
+	sc := e.connect(adsc.Config{Node: &core.Node{Id: "sidecar~127.10.0.5~client-1.scoped~scoped.svc.cluster.local", Metadata: md}})
+	wait(t, fe, has(adsc.ClusterType, frontendCluster, backendCluster))
+	wait(t, sc, has(adsc.ClusterType, backendCluster))
+	require.NotContains(t, sc.Names(adsc.ClusterType), frontendCluster)
+
+	pushes := func() uint64 {
+		var m dto.Metric
+		require.NoError(t, e.d.Metrics.ConvergenceTime.Write(&m))
+		return m.GetHistogram().GetSampleCount()
+	}
+	// settled waits until the proxies were pushed want more times than at base, then makes
+	// sure no other push follows (a push is queued when the change is built, and served in
+	// milliseconds).
+	settled := func(base, want uint64) {
+		t.Helper()
+		require.Eventually(t, func() bool { return pushes() >= base+want }, 10*time.Second, 5*time.Millisecond)
+		time.Sleep(300 * time.Millisecond)
+		require.Equal(t, base+want, pushes())
+	}
+	serviceIn := func(name, ns string, port int) string {
+		return fmt.Sprintf(`
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: %s, namespace: %s}
+spec: {hosts: [%s.%s.svc.cluster.local], resolution: STATIC, ports: [{number: %d, name: http}], endpoints: [{address: 127.10.9.9}]}
+`, name, ns, name, ns, port)
+	}
+	time.Sleep(300 * time.Millisecond) // the registrations' pushes
+	base := pushes()
+
+	// Out of the scoped proxy's reach: only the unscoped one is pushed.
+	e.write("other.yaml", serviceIn("other", "other", 9090))
+	wait(t, fe, has(adsc.ClusterType, "outbound|9090||other.other.svc.cluster.local"))
+	settled(base, 1)
+	assert.NotContains(t, sc.Names(adsc.ClusterType), "outbound|9090||other.other.svc.cluster.local")
+
+	// In the scoped proxy's namespace: both are pushed, though it does not import it.
+	e.write("local.yaml", serviceIn("local", "scoped", 9091))
+	wait(t, fe, has(adsc.ClusterType, "outbound|9091||local.scoped.svc.cluster.local"))
+	settled(base+1, 2)
+
+	// Within its reach: a new port on the backend reaches both.
+	e.write("services.yaml", strings.Replace(services, "ports: [{number: 9081, name: http, targetPort: 8081}]",
+		"ports: [{number: 9081, name: http, targetPort: 8081}, {number: 9083, name: http-2}]", 1))
+	wait(t, sc, has(adsc.ClusterType, "outbound|9083||backend.demo.svc.cluster.local"))
+	wait(t, fe, has(adsc.ClusterType, "outbound|9083||backend.demo.svc.cluster.local"))
+	settled(base+3, 2)
+
+	// Any other kind of change pushes every proxy.
+	e.write("dr.yaml", `
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: other, namespace: other}
+spec: {host: other.other.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: RANDOM}}}
+`)
+	settled(base+5, 2)
 }
 
 func TestNackKeepsLastAcceptedConfig(t *testing.T) {

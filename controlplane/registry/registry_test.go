@@ -196,3 +196,50 @@ func TestHealthReportsDriveEndpointHealth(t *testing.T) {
 	a.Connect(&model.Workload{Name: "r3", Namespace: "shop", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.3"}}, false)
 	assert.Equal(t, model.Healthy, health("127.10.0.3"))
 }
+
+// A workloadSelector selects the WorkloadEntries of its namespace that carry every one of
+// its labels, however the entries are indexed.
+func TestWorkloadSelectorMatchesEveryLabelInItsNamespace(t *testing.T) {
+	r, _, _ := newRegistry(t)
+	r.SetConfigs(parse(t, `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews-v1, namespace: shop}
+spec:
+  hosts: [reviews-v1.shop.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 9080, name: http}]
+  workloadSelector: {labels: {version: v1, app: reviews}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: both, namespace: shop}
+spec: {address: 10.0.0.1, labels: {app: reviews, version: v1, zone: a}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: other-version, namespace: shop}
+spec: {address: 10.0.0.2, labels: {app: reviews, version: v2}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: app-only, namespace: shop}
+spec: {address: 10.0.0.3, labels: {app: reviews}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: version-only, namespace: shop}
+spec: {address: 10.0.0.4, labels: {version: v1}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: elsewhere, namespace: other}
+spec: {address: 10.0.0.5, labels: {app: reviews, version: v1}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: both-again, namespace: shop}
+spec: {address: 10.0.0.6, labels: {version: v1, app: reviews}}
+`))
+	assert.Equal(t, []string{"10.0.0.1:9080@9080", "10.0.0.6:9080@9080"}, addrs(r.Endpoints("reviews-v1.shop.svc.cluster.local")))
+}

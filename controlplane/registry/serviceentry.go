@@ -20,12 +20,13 @@ type ServiceEntries struct {
 	metrics *metrics.Metrics
 
 	mu        sync.RWMutex
-	entries   []*seEntry                            // sorted by namespace/name
-	wes       map[string][]*config.Config           // WorkloadEntries by namespace
-	workloads map[string]map[string]*model.Workload // auto-registered, by namespace and key
-	services  map[string]*model.Service             // by host
-	owner     map[string]*seEntry                   // which entry owns a host
-	endpoints map[string][]*model.Endpoint          // by host
+	entries   []*seEntry                             // sorted by namespace/name
+	wes       map[string][]*config.Config            // WorkloadEntries by namespace
+	weByLabel map[string]map[string][]*config.Config // WorkloadEntries by namespace and labelKey(k, v)
+	workloads map[string]map[string]*model.Workload  // auto-registered, by namespace and key
+	services  map[string]*model.Service              // by host
+	owner     map[string]*seEntry                    // which entry owns a host
+	endpoints map[string][]*model.Endpoint           // by host
 	handlers  []Handler
 }
 
@@ -123,7 +124,7 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 			e.services = append(e.services, s)
 		}
 	}
-	r.entries, r.wes = entries, wes
+	r.entries, r.wes, r.weByLabel = entries, wes, indexByLabel(wes)
 	ev := Event{Hosts: map[string]struct{}{}}
 	for h, s := range services {
 		if r.services[h] != s {
@@ -296,6 +297,41 @@ func endpointPort(p model.Port, named map[string]uint32) uint32 {
 	return p.Port
 }
 
+// labelKey is one label as an index key (label keys cannot contain a NUL).
+func labelKey(k, v string) string { return k + "\x00" + v }
+
+// indexByLabel indexes WorkloadEntries by each of their labels.
+func indexByLabel(wes map[string][]*config.Config) map[string]map[string][]*config.Config {
+	idx := make(map[string]map[string][]*config.Config, len(wes))
+	for ns, list := range wes {
+		byLabel := map[string][]*config.Config{}
+		for _, c := range list {
+			for k, v := range c.Spec.(*networking.WorkloadEntry).GetLabels() {
+				byLabel[labelKey(k, v)] = append(byLabel[labelKey(k, v)], c)
+			}
+		}
+		idx[ns] = byLabel
+	}
+	return idx
+}
+
+// selectable narrows the WorkloadEntries of ns that selector may match to those carrying
+// one of its labels (the least key), so that recomputing every ServiceEntry's endpoints is
+// not services x WorkloadEntries; the caller still matches the whole selector (caller holds
+// r.mu).
+func (r *ServiceEntries) selectable(ns string, selector map[string]string) []*config.Config {
+	if len(selector) == 0 {
+		return r.wes[ns]
+	}
+	least, first := "", true
+	for k := range selector {
+		if first || k < least {
+			least, first = k, false
+		}
+	}
+	return r.weByLabel[ns][labelKey(least, selector[least])]
+}
+
 // computeEndpoints fills out[host] for every host of e (caller holds r.mu).
 func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.Endpoint) {
 	if len(e.services) == 0 {
@@ -319,7 +355,7 @@ func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.En
 		}
 	case e.spec.GetWorkloadSelector() != nil:
 		sel := e.spec.GetWorkloadSelector().GetLabels()
-		for _, c := range r.wes[e.cfg.Namespace] {
+		for _, c := range r.selectable(e.cfg.Namespace, sel) {
 			we := c.Spec.(*networking.WorkloadEntry)
 			if config.SelectorMatches(sel, we.GetLabels()) {
 				add(we.GetAddress(), we.GetPorts(), we.GetLabels(), we.GetLocality(), we.GetNetwork(), we.GetServiceAccount(), we.GetWeight(),

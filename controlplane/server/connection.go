@@ -119,6 +119,37 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 	return c.view
 }
 
+// needsPush reports whether the connection's configuration can depend on what the event
+// changed, as Istio's ProxyNeedsPush: an endpoints-only change concerns the connections that
+// watch one of its clusters; a full change of services only (servicesOnly) concerns those
+// whose scope reaches a changed host before or after it (Sidecar egress, exportTo), or whose
+// namespace holds one (a service there may select the proxy: its inbound side); any other
+// full change concerns every connection. So a proxy scoped to 10 of 1000 services is not
+// pushed for changes to the other 990.
+func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly bool) bool {
+	if c.watchesAny(ev.edsClusters()) {
+		return true
+	}
+	if !ev.req.Full {
+		return false
+	}
+	if !servicesOnly {
+		return true
+	}
+	for _, snap := range []*push.Snapshot{prev, ev.snap} {
+		scope := xds.CachedView(snap, c.Proxy, c.shape).Scope
+		for h := range ev.req.EDSHosts {
+			if scope.Service(h) != nil {
+				return true
+			}
+			if svc := snap.Service(h); svc != nil && svc.Namespace == c.Proxy.Namespace {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // watchesAny reports whether the connection subscribes to any of the EDS clusters.
 func (c *Connection) watchesAny(clusters []string) bool {
 	c.mu.Lock()

@@ -265,6 +265,7 @@ func (s *Server) build(r *push.Request) *push.Snapshot {
 // push is the debouncer's callback: build, then queue every connection that needs it.
 // It returns once all are queued, which frees the debouncer for the next push.
 func (s *Server) push(ctx context.Context, r *push.Request) {
+	prev := s.snapshot.Load()
 	snap := s.build(r)
 	s.log.Debug("push", "version", snap.Version, "request", r.String())
 	s.mu.RLock()
@@ -274,11 +275,36 @@ func (s *Server) push(ctx context.Context, r *push.Request) {
 	}
 	s.mu.RUnlock()
 	ev := &pushEvent{snap: snap, req: r, queued: time.Now()}
+	servicesOnly := prev != nil && servicesOnly(r)
 	for _, c := range conns {
-		if r.Full || c.watchesAny(ev.edsClusters()) {
+		if c.needsPush(ev, prev, servicesOnly) {
 			s.queue.Enqueue(c, ev)
 		}
 	}
+}
+
+// servicesOnly reports whether a full request changed nothing but services and their
+// endpoints (ServiceEntry and WorkloadEntry configs, registry events): no generator reads
+// those configs except through the services, so the changed hosts say which proxies it
+// concerns.
+func servicesOnly(r *push.Request) bool {
+	for reason := range r.Reasons {
+		switch reason {
+		case push.ReasonService, push.ReasonEndpoint:
+		case push.ReasonConfig:
+			if len(r.ConfigsUpdated) == 0 {
+				return false // a config change that does not say which
+			}
+		default:
+			return false
+		}
+	}
+	for k := range r.ConfigsUpdated {
+		if k.Kind != config.ServiceEntry && k.Kind != config.WorkloadEntry {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) pushWorker(ctx context.Context) {

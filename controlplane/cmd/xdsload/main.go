@@ -2,7 +2,8 @@
 // convergence for the push benchmark. It reads commands on stdin and answers on stdout:
 //
 //	ready                      printed once every client has CDS, EDS, LDS and RDS
-//	cluster <name>             wait until every client has the cluster and its endpoints
+//	cluster <name> [namespace] wait until every client (in namespace) has the cluster and its
+//	                           endpoints
 //	endpoint <cluster> <addr>  wait until every client's assignment for cluster has addr
 //	endpoint-watchers <cluster> <addr>
 //	                           the same for the clients that hold the cluster's assignment
@@ -90,6 +91,7 @@ func newCommand() *cobra.Command {
 type proxy struct {
 	cc *grpc.ClientConn
 	c  *adsc.Client
+	ns string
 }
 
 func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
@@ -160,9 +162,18 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 			pprof.StopCPUProfile()
 			fmt.Fprintln(out, "done 0 0")
 			continue
-		case len(f) == 2 && f[0] == "cluster":
+		case (len(f) == 2 || len(f) == 3) && f[0] == "cluster":
 			name := f[1]
 			cond = func(c *adsc.Client) bool { return c.Has(adsc.ClusterType, name) && c.Has(adsc.EndpointType, name) }
+			if len(f) == 3 {
+				ns, has := f[2], cond
+				inNS := map[*adsc.Client]bool{}
+				for _, p := range proxies {
+					inNS[p.c] = p.ns == ns
+				}
+				cond = func(c *adsc.Client) bool { return !inNS[c] || has(c) }
+				counted = func(c *adsc.Client) bool { return inNS[c] }
+			}
 		case len(f) == 3 && f[0] == "endpoint":
 			cluster, addr := f[1], f[2]
 			cond = func(c *adsc.Client) bool { return hasEndpoint(c, cluster, addr) }
@@ -214,7 +225,7 @@ func connect(ctx context.Context, o options, i int) (*proxy, error) {
 		cc.Close()
 		return nil, err
 	}
-	return &proxy{cc: cc, c: c}, nil
+	return &proxy{cc: cc, c: c, ns: ns}, nil
 }
 
 // waitAll waits for cond on every client and returns the latest ACK among them of ackType
