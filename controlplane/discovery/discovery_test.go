@@ -296,6 +296,13 @@ kind: Sidecar
 metadata: {name: default, namespace: scoped}
 spec:
   egress: [{hosts: [demo/backend.demo.svc.cluster.local]}]
+`, "vs.yaml": `
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: backend, namespace: demo}
+spec:
+  hosts: [backend.demo.svc.cluster.local, api.partner.example]
+  http: [{route: [{destination: {host: backend.demo.svc.cluster.local}}]}]
 `}, nil)
 	fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")})
 	md, err := structpb.NewStruct(map[string]any{"NAME": "client-1", "NAMESPACE": "scoped", "LABELS": map[string]any{"app": "client"},
@@ -341,6 +348,17 @@ spec: {hosts: [%s.%s.svc.cluster.local], resolution: STATIC, ports: [{number: %d
 	e.write("local.yaml", serviceIn("local", "scoped", 9091))
 	wait(t, fe, has(adsc.ClusterType, "outbound|9091||local.scoped.svc.cluster.local"))
 	settled(base+1, 2)
+
+	// Routed by a VirtualService it imports, though its Sidecar does not name it: both.
+	e.write("partner.yaml", `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: partner, namespace: other}
+spec: {hosts: [api.partner.example], location: MESH_EXTERNAL, resolution: DNS, ports: [{number: 9092, name: http}]}
+`)
+	wait(t, fe, has(adsc.ClusterType, "outbound|9092||api.partner.example"))
+	settled(base+3, 2)
+	base += 2
 
 	// Within its reach: a new port on the backend reaches both.
 	e.write("services.yaml", strings.Replace(services, "ports: [{number: 9081, name: http, targetPort: 8081}]",

@@ -122,9 +122,9 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 // needsPush reports whether the connection's configuration can depend on what the event
 // changed, as Istio's ProxyNeedsPush: an endpoints-only change concerns the connections that
 // watch one of its clusters; a full change of services only (servicesOnly) concerns those
-// whose scope reaches a changed host before or after it (Sidecar egress, exportTo), or whose
-// namespace holds one (a service there may select the proxy: its inbound side); any other
-// full change concerns every connection. So a proxy scoped to 10 of 1000 services is not
+// whose scope reaches a changed host before or after it (Sidecar egress, exportTo) or routes
+// it (a VirtualService naming it), or whose namespace holds one (a service there may select
+// the proxy: its inbound side); any other full change concerns every connection. So a proxy scoped to 10 of 1000 services is not
 // pushed for changes to the other 990.
 func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly bool) bool {
 	if c.watchesAny(ev.edsClusters()) {
@@ -139,7 +139,7 @@ func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly 
 	for _, snap := range []*push.Snapshot{prev, ev.snap} {
 		scope := xds.CachedView(snap, c.Proxy, c.shape).Scope
 		for h := range ev.req.EDSHosts {
-			if scope.Service(h) != nil {
+			if scope.Service(h) != nil || scope.RoutesHost(h) {
 				return true
 			}
 			if svc := snap.Service(h); svc != nil && svc.Namespace == c.Proxy.Namespace {

@@ -257,6 +257,21 @@ func serviceVisible(snap *push.Snapshot, svc *model.Service, ns string) bool {
 // Service returns the reachable service for host, or nil.
 func (s *Scope) Service(host string) *model.Service { return s.byHost[host] }
 
+// RoutesHost reports whether one of the scope's VirtualServices names host (exactly or by a
+// wildcard): its routes for that host depend on whether a service has it.
+func (s *Scope) RoutesHost(host string) bool {
+	for _, e := range s.Egress {
+		for _, vs := range e.VS {
+			for _, h := range vs.hosts {
+				if h == host || (strings.HasPrefix(h, "*") && hostMatches(host, h)) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // DestinationRule returns the rule that applies to host for this scope's proxies, or nil.
 func (s *Scope) DestinationRule(host string) *destRule { return s.drs[host] }
 
