@@ -124,8 +124,8 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 // watch one of its clusters; a full change of services only (servicesOnly) concerns those
 // whose scope reaches a changed host before or after it (Sidecar egress, exportTo) or routes
 // it (a VirtualService naming it), or whose namespace holds one (a service there may select
-// the proxy: its inbound side); any other full change concerns every connection. So a proxy scoped to 10 of 1000 services is not
-// pushed for changes to the other 990.
+// the proxy: its inbound side); any other full change concerns every connection. So a proxy
+// scoped to 10 of 1000 services is not pushed for changes to the other 990.
 func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly bool) bool {
 	if c.watchesAny(ev.edsClusters()) {
 		return true
