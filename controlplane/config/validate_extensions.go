@@ -3,8 +3,10 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -107,7 +109,7 @@ func validateEnvoyFilterPatch(f string, cp *networking.EnvoyFilter_EnvoyConfigOb
 		for o := range envoyFilterOps[applyTo] {
 			ok = append(ok, o.String())
 		}
-		sortStrings(ok)
+		slices.Sort(ok)
 		return fieldErr(f+".patch.operation", "%s does not apply to %s (use %s)", op, applyTo, strings.Join(ok, ", "))
 	}
 	if p.GetFilterClass() != networking.EnvoyFilter_Patch_UNSPECIFIED &&
@@ -217,14 +219,6 @@ func validateEnvoyFilterMatch(f string, applyTo networking.EnvoyFilter_ApplyTo, 
 		return fieldErr(f+".cluster", "a cluster match does not select %s objects", applyTo)
 	}
 	return nil
-}
-
-func sortStrings(s []string) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
 }
 
 var sha256Hex = regexp.MustCompile(`^[a-f0-9]{64}$`)
@@ -351,7 +345,7 @@ func validateTelemetrySpec(m proto.Message) *FieldError {
 			if o.GetMatch().GetMode() > telemetry.WorkloadMode_SERVER {
 				return fieldErr(of+".match.mode", "unknown mode %v", o.GetMatch().GetMode())
 			}
-			for _, name := range sortedKeys(o.GetTagOverrides()) {
+			for _, name := range slices.Sorted(maps.Keys(o.GetTagOverrides())) {
 				to := o.GetTagOverrides()[name]
 				tf := fmt.Sprintf("%s.tagOverrides.%s", of, name)
 				if !tagName.MatchString(name) {
@@ -373,13 +367,4 @@ func validateTelemetrySpec(m proto.Message) *FieldError {
 		}
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sortStrings(out)
-	return out
 }

@@ -5,6 +5,7 @@ package model
 
 import (
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -174,7 +175,7 @@ func EndpointsEqual(a, b []*Endpoint) bool {
 		x, y := a[i], b[i]
 		if x.Address != y.Address || x.Port != y.Port || x.ServicePort != y.ServicePort || x.Locality != y.Locality ||
 			x.Network != y.Network || x.ServiceAccount != y.ServiceAccount || x.Weight != y.Weight ||
-			x.Health != y.Health || x.Workload != y.Workload || !labelsEqual(x.Labels, y.Labels) {
+			x.Health != y.Health || x.Workload != y.Workload || !maps.Equal(x.Labels, y.Labels) {
 			return false
 		}
 	}
@@ -187,9 +188,9 @@ func ServiceEqual(a, b *Service) bool {
 		return a == b
 	}
 	if a.Hostname != b.Hostname || a.Namespace != b.Namespace || a.Name != b.Name || a.Resolution != b.Resolution ||
-		a.MeshExternal != b.MeshExternal || len(a.Ports) != len(b.Ports) || !stringsEqual(a.Addresses, b.Addresses) ||
-		!stringsEqual(a.ExportTo, b.ExportTo) || !labelsEqual(a.Labels, b.Labels) ||
-		(a.WorkloadSelector == nil) != (b.WorkloadSelector == nil) || !labelsEqual(a.WorkloadSelector, b.WorkloadSelector) {
+		a.MeshExternal != b.MeshExternal || len(a.Ports) != len(b.Ports) || !slices.Equal(a.Addresses, b.Addresses) ||
+		!slices.Equal(a.ExportTo, b.ExportTo) || !maps.Equal(a.Labels, b.Labels) ||
+		(a.WorkloadSelector == nil) != (b.WorkloadSelector == nil) || !maps.Equal(a.WorkloadSelector, b.WorkloadSelector) {
 		return false
 	}
 	for i := range a.Ports {
@@ -199,17 +200,3 @@ func ServiceEqual(a, b *Service) bool {
 	}
 	return true
 }
-
-func stringsEqual(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func labelsEqual(a, b map[string]string) bool { return maps.Equal(a, b) }

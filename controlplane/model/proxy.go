@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 
@@ -166,7 +168,7 @@ func (w *Workload) Key() string { return w.Namespace + "/" + w.Name }
 // Equal compares two workloads.
 func (w *Workload) Equal(o *Workload) bool {
 	if w.Name != o.Name || w.Namespace != o.Namespace || w.ServiceAccount != o.ServiceAccount || w.Health != o.Health ||
-		w.Locality != o.Locality || !stringsEqual(w.IPs, o.IPs) || !labelsEqual(w.Labels, o.Labels) || len(w.Ports) != len(o.Ports) {
+		w.Locality != o.Locality || !slices.Equal(w.IPs, o.IPs) || !maps.Equal(w.Labels, o.Labels) || len(w.Ports) != len(o.Ports) {
 		return false
 	}
 	for k, v := range w.Ports {

@@ -1,7 +1,9 @@
 package xds
 
 import (
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -385,10 +387,10 @@ func translateMatch(in *networking.HTTPMatchRequest) *route.RouteMatch {
 	if in == nil {
 		return out
 	}
-	for _, name := range sortedKeys(in.GetHeaders()) {
+	for _, name := range slices.Sorted(maps.Keys(in.GetHeaders())) {
 		out.Headers = append(out.Headers, headerMatcher(name, in.GetHeaders()[name]))
 	}
-	for _, name := range sortedKeys(in.GetWithoutHeaders()) {
+	for _, name := range slices.Sorted(maps.Keys(in.GetWithoutHeaders())) {
 		sm := in.GetWithoutHeaders()[name]
 		h := headerMatcher(name, sm)
 		h.InvertMatch = true
@@ -416,7 +418,7 @@ func translateMatch(in *networking.HTTPMatchRequest) *route.RouteMatch {
 	if in.GetScheme() != nil {
 		out.Headers = append(out.Headers, headerMatcher(":scheme", in.GetScheme()))
 	}
-	for _, name := range sortedKeys(in.GetQueryParams()) {
+	for _, name := range slices.Sorted(maps.Keys(in.GetQueryParams())) {
 		sm := in.GetQueryParams()[name]
 		q := &route.QueryParameterMatcher{Name: name}
 		if isPresentMatch(sm) {
@@ -427,15 +429,6 @@ func translateMatch(in *networking.HTTPMatchRequest) *route.RouteMatch {
 		out.QueryParameters = append(out.QueryParameters, q)
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // isPresentMatch: a matcher without a type, or Istio's regex "*", only asks for presence.
@@ -490,7 +483,7 @@ func translateHeaders(h *networking.Headers) headerOps {
 	var ops headerOps
 	values := func(m map[string]string, appendAction bool, authority *string) []*core.HeaderValueOption {
 		var out []*core.HeaderValueOption
-		for _, k := range sortedKeys(m) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			if config.IsAuthorityHeader(k) {
 				if authority != nil {
 					*authority = m[k]

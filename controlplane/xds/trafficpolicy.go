@@ -1,7 +1,9 @@
 package xds
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -577,7 +579,7 @@ func applyLocalityWeights(cla *endpoint.ClusterLoadAssignment, locality *core.Lo
 		for i := range cla.Endpoints {
 			unmatched[i] = true
 		}
-		for _, to := range sortedKeys(d.GetTo()) {
+		for _, to := range slices.Sorted(maps.Keys(d.GetTo())) {
 			weight := d.GetTo()[to]
 			orig := map[int]uint32{}
 			var total uint32

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"unsafe"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -416,26 +417,12 @@ func encodePath(path []string) []byte {
 		slot += int(last[0])
 	}
 	e := &guest.paths[slot%len(guest.paths)]
-	if samePath(e.path, path) {
+	if slices.Equal(e.path, path) {
 		return e.raw
 	}
 	e.path = append(e.path[:0], path...)
 	e.raw = abi.EncodePath(path)
 	return e.raw
-}
-
-// samePath reports whether a and b hold equal segments (the same strings usually, which
-// compare by pointer).
-func samePath(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // AppendProperty appends the value of the host property at path to dst and returns the

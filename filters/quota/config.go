@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -211,7 +211,7 @@ func checkFields(raw json.RawMessage, t reflect.Type, path string) error {
 				fields[name] = f.Type
 			}
 		}
-		for _, k := range sortedKeys(obj) {
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
 			ft, ok := fields[k]
 			if !ok {
 				return fmt.Errorf("%s: unknown field", join(path, k))
@@ -235,22 +235,13 @@ func checkFields(raw json.RawMessage, t reflect.Type, path string) error {
 		if json.Unmarshal(raw, &obj) != nil {
 			return nil
 		}
-		for _, k := range sortedKeys(obj) {
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
 			if err := checkFields(obj[k], t.Elem(), join(path, k)); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func join(path, field string) string {
@@ -452,7 +443,7 @@ func (oc *overrideConfig) validate(path string, d *descriptor, keys map[string]i
 		return override{}, fieldError(path+".match", "must name at least one entry key")
 	}
 	o := override{policy: d.policy, shadow: d.shadow}
-	for _, k := range sortedKeys(oc.Match) {
+	for _, k := range slices.Sorted(maps.Keys(oc.Match)) {
 		i, ok := keys[k]
 		if !ok {
 			return override{}, fieldError(path+".match."+k, "the descriptor has no entry with key %q", k)

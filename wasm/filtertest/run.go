@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -182,7 +184,7 @@ func (e Expect) check(rep *harness.Report) []string {
 	if e.Body != nil && string(rep.Client.Body) != *e.Body {
 		bad("body: got %q, want %q", rep.Client.Body, *e.Body)
 	}
-	for _, name := range sortedKeys(e.Metrics) {
+	for _, name := range slices.Sorted(maps.Keys(e.Metrics)) {
 		m, ok := rep.Metric(name)
 		if !ok {
 			bad("metrics[%s]: not defined by the filter (it defines: %s)", name, definedMetrics(rep.Metrics))
@@ -208,7 +210,7 @@ func (e Expect) check(rep *harness.Report) []string {
 			bad("logs: no line contains %q", want)
 		}
 	}
-	for _, key := range sortedKeys(e.SharedData) {
+	for _, key := range slices.Sorted(maps.Keys(e.SharedData)) {
 		got, ok := rep.SharedData[key]
 		switch {
 		case !ok:
@@ -221,7 +223,7 @@ func (e Expect) check(rep *harness.Report) []string {
 }
 
 func checkHeaders(field string, want map[string]*string, lookup func(string) (string, bool), bad func(string, ...any)) {
-	for _, name := range sortedKeys(want) {
+	for _, name := range slices.Sorted(maps.Keys(want)) {
 		got, ok := lookup(name)
 		switch w := want[name]; {
 		case w == nil && ok:
@@ -271,7 +273,7 @@ func (r *Result) Write(w io.Writer, verbose bool) {
 
 func pairs(m map[string]string) [][2]string {
 	out := make([][2]string, 0, len(m))
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, [2]string{k, m[k]})
 	}
 	return out
@@ -283,15 +285,6 @@ func chunks(s []string) [][]byte {
 		out = append(out, []byte(c))
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // definedMetrics lists the metric names a report holds, for an expectation that names

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -276,7 +278,7 @@ func (m *Manager) DynamicNames() []string {
 	for n := range m.warming {
 		seen[n] = true
 	}
-	return sortedKeys(seen)
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // UpdateEndpoints applies an EDS ClusterLoadAssignment to every cluster with its service
@@ -395,7 +397,7 @@ func (m *Manager) EDSServiceNames() []string {
 			}
 		}
 	}
-	return sortedKeys(seen)
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // Close stops every cluster.
@@ -495,15 +497,6 @@ func byFamily(ips []net.IPAddr, f clusterv3.Cluster_DnsLookupFamily) []string {
 }
 
 func protoEqual(a, b proto.Message) bool { return proto.Equal(a, b) }
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
 
 // OriginalDstHost returns a host for an ORIGINAL_DST cluster from the address the
 // downstream connection was sent to.

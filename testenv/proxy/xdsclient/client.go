@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -275,7 +276,7 @@ func (c *Client) resubscribeAll(s sender, mu *sync.Mutex) error {
 		names := c.h.Names(t)
 		c.mu.Lock()
 		ts := c.state[t]
-		changed := !equal(names, ts.names) || (!ts.subscribed && len(names) > 0)
+		changed := !slices.Equal(names, ts.names) || (!ts.subscribed && len(names) > 0)
 		if changed {
 			ts.names = names
 			ts.subscribed = true
@@ -355,18 +356,6 @@ func (c *Client) handle(s sender, mu *sync.Mutex, r *received) error {
 		c.event("ack", r.typeURL)
 	}
 	return c.resubscribeAll(s, mu)
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // nackStatus is the error_detail of a NACK.
