@@ -103,7 +103,7 @@ func WorkloadName(pod string, env map[string]string) string {
 // NewParams computes the template data, or an error naming the bad input.
 func NewParams(in Input) (*Params, error) {
 	pc := in.ProxyConfig
-	env := envMap(in.Env)
+	env := EnvMap(in.Env)
 	if in.Localhost == "" {
 		in.Localhost = DefaultLocalhost
 	}
@@ -295,7 +295,9 @@ func stringMapAny(m map[string]string) map[string]any {
 	return out
 }
 
-func envMap(env []string) map[string]string {
+// EnvMap reads KEY=VALUE entries (os.Environ()'s form) into a map; entries without "="
+// are left out.
+func EnvMap(env []string) map[string]string {
 	out := make(map[string]string, len(env))
 	for _, kv := range env {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -321,7 +323,7 @@ func protoToMap(pc *meshconfig.ProxyConfig) (map[string]any, error) {
 // POD_NAME, POD_NAMESPACE, INSTANCE_IP, SERVICE_ACCOUNT, WASMESH_LOCALHOST,
 // WASMESH_WILDCARD, and Env itself for ISTIO_META_*.
 func InputFromEnv(env []string) Input {
-	m := envMap(env)
+	m := EnvMap(env)
 	return Input{
 		PodName:        m["POD_NAME"],
 		PodNamespace:   m["POD_NAMESPACE"],

@@ -48,7 +48,7 @@ func renderCase(t *testing.T, dir string) ([]byte, error) {
 	in := InputFromEnv(env)
 	in.Labels, in.Annotations = pod.Labels, pod.Annotations
 	in.Version = "test"
-	envs := envMap(env)
+	envs := EnvMap(env)
 	pc, err := proxyconfig.Effective(proxyconfig.Layers{Env: envs["PROXY_CONFIG"], Annotations: pod.Annotations})
 	if err != nil {
 		return nil, err

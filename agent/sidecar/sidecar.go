@@ -127,7 +127,7 @@ func New(o Options) (*Agent, error) {
 	if o.ProxyLogLevel == "" {
 		o.ProxyLogLevel = "warning"
 	}
-	a := &Agent{o: o, log: o.Log, env: envMap(o.Env)}
+	a := &Agent{o: o, log: o.Log, env: bootstrap.EnvMap(o.Env)}
 
 	pod, err := podinfo.Read(o.PodInfoDir)
 	if err != nil {
@@ -483,14 +483,4 @@ func appMetrics(env, annotations map[string]string, host string, statusPort int)
 // DefaultCertFiles are the files pilot-agent watches in a sidecar.
 func DefaultCertFiles(dir string) []string {
 	return []string{filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem"), filepath.Join(dir, "root-cert.pem")}
-}
-
-func envMap(env []string) map[string]string {
-	out := make(map[string]string, len(env))
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok {
-			out[k] = v
-		}
-	}
-	return out
 }

@@ -20,7 +20,7 @@ func ClusterContext(name string) networking.EnvoyFilter_PatchContext {
 	return networking.EnvoyFilter_SIDECAR_OUTBOUND
 }
 
-// HasClusterPatches reports whether PatchCluster or AddedClusters can change anything.
+// HasClusterPatches reports whether PatchCluster or Added(CLUSTER) can change anything.
 func (s *Set) HasClusterPatches() bool { return s.Has(networking.EnvoyFilter_CLUSTER) }
 
 // PatchCluster applies the set's REMOVE and MERGE cluster patches to c, which it modifies
@@ -43,17 +43,6 @@ func (s *Set) PatchCluster(c *cluster.Cluster, hosts []string) (*cluster.Cluster
 		})
 	}
 	return cur.(*cluster.Cluster), st.errs
-}
-
-// AddedClusters returns copies of the clusters the set's ADD patches add in ctx.
-func (s *Set) AddedClusters(ctx networking.EnvoyFilter_PatchContext) []*AddedResource {
-	var out []*AddedResource
-	for _, p := range s.patches[networking.EnvoyFilter_CLUSTER] {
-		if p.Op == networking.EnvoyFilter_Patch_ADD && addsIn(p, ctx) {
-			out = append(out, &AddedResource{Patch: p, Value: proto.Clone(p.Value)})
-		}
-	}
-	return out
 }
 
 // clusterMatch is Istio's: an exact name, or the parts of "<direction>|<port>|<subset>|<host>".

@@ -253,8 +253,8 @@ func TestListenerAndFilterChainOperations(t *testing.T) {
 	assert.Equal(t, "extra", out.GetFilterChains()[1].GetName())
 	assert.Len(t, out.GetFilterChains()[1].GetFilters(), 1, "filter chains added by ADD are not patched further, as in Istio")
 
-	assert.Len(t, s.AddedListeners(networking.EnvoyFilter_SIDECAR_OUTBOUND), 1, "ADD without context adds outbound")
-	assert.Empty(t, s.AddedListeners(networking.EnvoyFilter_SIDECAR_INBOUND))
+	assert.Len(t, s.Added(networking.EnvoyFilter_LISTENER, networking.EnvoyFilter_SIDECAR_OUTBOUND), 1, "ADD without context adds outbound")
+	assert.Empty(t, s.Added(networking.EnvoyFilter_LISTENER, networking.EnvoyFilter_SIDECAR_INBOUND))
 }
 
 func TestVirtualInboundPortIsTheFilterChainPort(t *testing.T) {
@@ -346,7 +346,7 @@ func TestClusterPatches(t *testing.T) {
 	assert.Nil(t, gone)
 	in, _ := s.PatchCluster(mk("inbound|8080||"), []string{"reviews.default.svc.cluster.local"})
 	assert.Equal(t, 4.0, in.GetConnectTimeout().AsDuration().Seconds(), "an inbound cluster matches the services it serves")
-	require.Len(t, s.AddedClusters(networking.EnvoyFilter_SIDECAR_OUTBOUND), 1)
+	require.Len(t, s.Added(networking.EnvoyFilter_CLUSTER, networking.EnvoyFilter_SIDECAR_OUTBOUND), 1)
 
 	bad, errs := s.PatchCluster(mk("outbound|9080||ratings.default.svc.cluster.local"), nil)
 	require.Len(t, errs, 1, "a negative timeout fails Envoy's validation")

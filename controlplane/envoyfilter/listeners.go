@@ -117,10 +117,11 @@ func (s *Set) PatchListener(l *listener.Listener, ranks Ranks) (*listener.Listen
 	return cur.(*listener.Listener), st.errs
 }
 
-// AddedListeners returns copies of the listeners the set's ADD patches add in ctx.
-func (s *Set) AddedListeners(ctx networking.EnvoyFilter_PatchContext) []*AddedResource {
+// Added returns copies of the resources of applyTo (LISTENER or CLUSTER) that the set's ADD
+// patches add in ctx.
+func (s *Set) Added(applyTo networking.EnvoyFilter_ApplyTo, ctx networking.EnvoyFilter_PatchContext) []*AddedResource {
 	var out []*AddedResource
-	for _, p := range s.patches[networking.EnvoyFilter_LISTENER] {
+	for _, p := range s.patches[applyTo] {
 		if p.Op == networking.EnvoyFilter_Patch_ADD && addsIn(p, ctx) {
 			out = append(out, &AddedResource{Patch: p, Value: proto.Clone(p.Value)})
 		}

@@ -70,17 +70,25 @@ func patchListeners(v *View, items []*Resource) []*Resource {
 			names[p.Name] = true
 		}
 	}
+	return appendAdded(v, out, names, networking.EnvoyFilter_LISTENER, ListenerType, "listener")
+}
+
+// appendAdded appends the resources of applyTo that the proxy's ADD patches add in either
+// sidecar context; one whose name is taken (by a generated or an earlier added resource) is
+// reported and left out.
+func appendAdded(v *View, out []*Resource, names map[string]bool, applyTo networking.EnvoyFilter_ApplyTo, typeURL, kind string) []*Resource {
+	e := extensionsOf(v)
 	for _, ctx := range []networking.EnvoyFilter_PatchContext{networking.EnvoyFilter_SIDECAR_INBOUND, networking.EnvoyFilter_SIDECAR_OUTBOUND} {
-		for _, a := range e.patches.AddedListeners(ctx) {
-			l := a.Value.(*listener.Listener)
-			if names[l.GetName()] {
-				reportOf(v.Snapshot).add(&Problem{Source: a.Patch.Filter, Patch: a.Patch.Index, Resource: "listener " + l.GetName(),
-					Err: fmt.Errorf("a listener named %s exists already", l.GetName())})
+		for _, a := range e.patches.Added(applyTo, ctx) {
+			name := a.Value.(interface{ GetName() string }).GetName()
+			if names[name] {
+				reportOf(v.Snapshot).add(&Problem{Source: a.Patch.Filter, Patch: a.Patch.Index, Resource: kind + " " + name,
+					Err: fmt.Errorf("a %s named %s exists already", kind, name)})
 				continue
 			}
-			names[l.GetName()] = true
-			out = append(out, v.Snapshot.Full.Get(patchedKey{typeURL: ListenerType, name: l.GetName(), set: a.Patch.String()}, func() any {
-				return newResource(l.GetName(), l)
+			names[name] = true
+			out = append(out, v.Snapshot.Full.Get(patchedKey{typeURL: typeURL, name: name, set: a.Patch.String()}, func() any {
+				return newResource(name, a.Value)
 			}).(*Resource))
 		}
 	}
@@ -113,21 +121,7 @@ func patchClusters(v *View, items []*Resource) []*Resource {
 			names[p.Name] = true
 		}
 	}
-	for _, ctx := range []networking.EnvoyFilter_PatchContext{networking.EnvoyFilter_SIDECAR_INBOUND, networking.EnvoyFilter_SIDECAR_OUTBOUND} {
-		for _, a := range e.patches.AddedClusters(ctx) {
-			c := a.Value.(*cluster.Cluster)
-			if names[c.GetName()] {
-				reportOf(v.Snapshot).add(&Problem{Source: a.Patch.Filter, Patch: a.Patch.Index, Resource: "cluster " + c.GetName(),
-					Err: fmt.Errorf("a cluster named %s exists already", c.GetName())})
-				continue
-			}
-			names[c.GetName()] = true
-			out = append(out, v.Snapshot.Full.Get(patchedKey{typeURL: ClusterType, name: c.GetName(), set: a.Patch.String()}, func() any {
-				return newResource(c.GetName(), c)
-			}).(*Resource))
-		}
-	}
-	return out
+	return appendAdded(v, out, names, networking.EnvoyFilter_CLUSTER, ClusterType, "cluster")
 }
 
 // patchRoutes applies the proxy's route patches to its outbound route configurations.

@@ -17,11 +17,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/wasmesh/wasmesh/agent/podinfo"
 )
 
 // PodSpec describes a pod: its identity, the application (the echo sample app) and the
@@ -260,27 +260,13 @@ func (p *Pod) writeFiles() error {
 			return err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(p.Dir, "pod", "labels"), downwardAPI(p.Spec.Labels), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(p.Dir, "pod", "labels"), []byte(podinfo.Format(p.Spec.Labels)), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(p.Dir, "pod", "annotations"), downwardAPI(p.Spec.Annotations), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(p.Dir, "pod", "annotations"), []byte(podinfo.Format(p.Spec.Annotations)), 0o644); err != nil {
 		return err
 	}
 	return p.RotateCertificates()
-}
-
-// downwardAPI renders a map the way Kubernetes writes labels and annotations files.
-func downwardAPI(m map[string]string) []byte {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s=%s\n", k, strconv.Quote(m[k]))
-	}
-	return []byte(b.String())
 }
 
 // RotateCertificates writes a fresh workload certificate (a new key and a self-signed

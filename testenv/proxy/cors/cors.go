@@ -16,7 +16,6 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -76,13 +75,7 @@ func sample(f *corev3.RuntimeFractionalPercent, dflt bool) bool {
 		return dflt
 	}
 	fp := f.GetDefaultValue()
-	den := uint64(100)
-	switch fp.GetDenominator() {
-	case typev3.FractionalPercent_TEN_THOUSAND:
-		den = 10000
-	case typev3.FractionalPercent_MILLION:
-		den = 1000000
-	}
+	den := route.Denominator(fp)
 	return rand.Uint64N(den) < uint64(fp.GetNumerator())
 }
 

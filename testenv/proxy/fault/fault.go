@@ -171,13 +171,7 @@ func enabled(p *typev3.FractionalPercent, r *http.Request, header string) bool {
 			num = min(num, n)
 		}
 	}
-	den := uint64(100)
-	switch p.GetDenominator() {
-	case typev3.FractionalPercent_TEN_THOUSAND:
-		den = 10000
-	case typev3.FractionalPercent_MILLION:
-		den = 1000000
-	}
+	den := route.Denominator(p)
 	return rand.Uint64N(den) < num
 }
 

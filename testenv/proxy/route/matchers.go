@@ -6,6 +6,7 @@ import (
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 )
 
 // StringMatcher is a compiled envoy.type.matcher.v3.StringMatcher, for filters that match
@@ -48,4 +49,15 @@ func (m HeaderMatchers) Match(req *http.Request) bool {
 		}
 	}
 	return true
+}
+
+// Denominator is what a FractionalPercent's numerator counts out of (100 when unset).
+func Denominator(fp *typev3.FractionalPercent) uint64 {
+	switch fp.GetDenominator() {
+	case typev3.FractionalPercent_TEN_THOUSAND:
+		return 10000
+	case typev3.FractionalPercent_MILLION:
+		return 1000000
+	}
+	return 100
 }

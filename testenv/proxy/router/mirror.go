@@ -12,6 +12,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
+	"github.com/wasmesh/wasmesh/testenv/proxy/route"
 	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
 )
 
@@ -31,14 +32,7 @@ func fractionOf(fp *typev3.FractionalPercent) fraction {
 	if fp == nil {
 		return fraction{numerator: 100, denominator: 100}
 	}
-	d := uint64(100)
-	switch fp.GetDenominator() {
-	case typev3.FractionalPercent_TEN_THOUSAND:
-		d = 10000
-	case typev3.FractionalPercent_MILLION:
-		d = 1000000
-	}
-	return fraction{numerator: uint64(fp.GetNumerator()), denominator: d}
+	return fraction{numerator: uint64(fp.GetNumerator()), denominator: route.Denominator(fp)}
 }
 
 func (f fraction) sample() bool { return rand.Uint64N(f.denominator) < f.numerator }
