@@ -127,13 +127,10 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 // the proxy: its inbound side); any other full change concerns every connection. So a proxy
 // scoped to 10 of 1000 services is not pushed for changes to the other 990.
 func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly bool) bool {
-	if c.watchesAny(ev.edsClusters()) {
-		return true
-	}
 	if !ev.req.Full {
-		return false
+		return c.watchesAny(ev.edsClusters())
 	}
-	if !servicesOnly {
+	if !servicesOnly || c.watchesAny(ev.edsClusters()) {
 		return true
 	}
 	for _, snap := range []*push.Snapshot{prev, ev.snap} {
