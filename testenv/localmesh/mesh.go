@@ -53,6 +53,7 @@ type Mesh struct {
 	ownDir    bool
 	configDir string
 	net       byte // second octet of every pod address
+	netClaim  net.Listener
 	grpcAddr  string
 	httpAddr  string
 	proxyBin  string
@@ -80,8 +81,11 @@ func Start(ctx context.Context, opts Options) (*Mesh, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	m := &Mesh{opts: opts, net: byte(30 + rand.IntN(60))}
+	m := &Mesh{opts: opts}
 	if err := m.findBinaries(); err != nil {
+		return nil, err
+	}
+	if err := m.claimNet(); err != nil {
 		return nil, err
 	}
 	if m.opts.Dir == "" {
@@ -101,10 +105,12 @@ func Start(ctx context.Context, opts Options) (*Mesh, error) {
 	}
 	grpc, err := freePort("127.0.0.1")
 	if err != nil {
+		m.Close()
 		return nil, err
 	}
 	httpPort, err := freePort("127.0.0.1")
 	if err != nil {
+		m.Close()
 		return nil, err
 	}
 	m.grpcAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(grpc))
@@ -114,6 +120,30 @@ func Start(ctx context.Context, opts Options) (*Mesh, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// netClaimPort is where a mesh holds a listener on 127.<net>.255.254, an address no pod
+// gets, for as long as it runs: meshes running side by side (test packages run in parallel)
+// then never share a pod address block, whose fixed proxy ports would collide.
+var netClaimPort = 15999 // a variable for the test, which claims blocks on a port of its own
+
+// netBlocks is how many second octets meshes pick from: 30 to 89 (pod IPs), their pods'
+// localhost addresses 130 to 189.
+const netBlocks = 60
+
+// claimNet picks a free second octet for the mesh's pod addresses and claims it.
+func (m *Mesh) claimNet() error {
+	var err error
+	first := rand.IntN(netBlocks)
+	for i := range netBlocks {
+		n := byte(30 + (first+i)%netBlocks)
+		var l net.Listener
+		if l, err = net.Listen("tcp", net.JoinHostPort(fmt.Sprintf("127.%d.255.254", n), strconv.Itoa(netClaimPort))); err == nil {
+			m.net, m.netClaim = n, l
+			return nil
+		}
+	}
+	return fmt.Errorf("localmesh: no free pod address block 127.30-89.x.x: %w", err)
 }
 
 func (m *Mesh) findBinaries() error {
@@ -264,6 +294,9 @@ func (m *Mesh) Close() {
 	}
 	wg.Wait()
 	_ = m.StopDiscovery(ctx)
+	if m.netClaim != nil {
+		_ = m.netClaim.Close()
+	}
 	if m.ownDir && os.Getenv("WASMESH_KEEP_MESH_DIR") == "" {
 		_ = os.RemoveAll(m.opts.Dir)
 	}
