@@ -17,8 +17,15 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+)
+
+// The reconnection back-off of the health stream.
+const (
+	minBackoff = 200 * time.Millisecond
+	maxBackoff = 5 * time.Second
 )
 
 // TypeURL is the type of the health requests (Istio's HealthInfoType).
@@ -90,14 +97,18 @@ func (r *Reporter) Flush(ctx context.Context) error {
 // Run keeps a stream to discovery open until ctx ends, reconnecting with back-off, and
 // sends the state on every change and after every reconnection.
 func (r *Reporter) Run(ctx context.Context) {
-	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The channel redials on the same back-off as the stream (gRPC's own grows to 120 s,
+	// and a restarted discovery would not hear of this pod for that long).
+	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: minBackoff, Multiplier: 2, Jitter: 0.2, MaxDelay: maxBackoff}}))
 	if err != nil {
 		r.log.Error("health reports disabled: bad discovery address", "address", r.addr, "err", err)
 		return
 	}
 	defer conn.Close()
 	client := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
-	backoff := 200 * time.Millisecond
+	wait := minBackoff
 	for ctx.Err() == nil {
 		start := time.Now()
 		err := r.stream(ctx, client)
@@ -105,15 +116,15 @@ func (r *Reporter) Run(ctx context.Context) {
 			return
 		}
 		if time.Since(start) > 10*time.Second {
-			backoff = 200 * time.Millisecond
+			wait = minBackoff
 		}
-		r.log.Debug("health stream ended; reconnecting", "err", err, "in", backoff)
+		r.log.Debug("health stream ended; reconnecting", "err", err, "in", wait)
 		select {
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return
 		}
-		backoff = min(2*backoff, 5*time.Second)
+		wait = min(2*wait, maxBackoff)
 	}
 }
 

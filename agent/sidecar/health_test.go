@@ -1,8 +1,10 @@
 package sidecar_test
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -40,6 +42,18 @@ func (d *discoveryRecorder) StreamAggregatedResources(s discoveryv3.AggregatedDi
 	}
 }
 
+// startRecorder serves a discoveryRecorder until the test ends and returns its address.
+func startRecorder(t *testing.T) (*discoveryRecorder, string) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	rec := &discoveryRecorder{}
+	srv := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, rec)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	return rec, l.Addr().String()
+}
+
 func (d *discoveryRecorder) last() (string, int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -53,16 +67,10 @@ func (d *discoveryRecorder) last() (string, int) {
 // unhealthy again as soon as it is asked to terminate, before it drains.
 func TestHealthReportedToDiscovery(t *testing.T) {
 	proxytest.RequireKnobs(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	rec := &discoveryRecorder{}
-	srv := grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, rec)
-	go func() { _ = srv.Serve(l) }()
-	defer srv.Stop()
+	rec, addr := startRecorder(t)
 
 	r := start(t, pod{appPorts: []int{18080}, env: []string{
-		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":%q,"terminationDrainDuration":"1s"}`, l.Addr().String())}})
+		fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":%q,"terminationDrainDuration":"1s"}`, addr)}})
 	require.Eventually(t, func() bool { s, _ := rec.last(); return s != "<none>" && s != "" }, 10*time.Second, 20*time.Millisecond,
 		"a pod whose proxy has no config yet is reported unhealthy")
 	require.Eventually(t, r.readyIs(503, "INITIALIZING"), 10*time.Second, 20*time.Millisecond)
@@ -81,4 +89,39 @@ func TestHealthReportedToDiscovery(t *testing.T) {
 	require.NoError(t, r.wait(t, 10*time.Second))
 	_, after := rec.last()
 	assert.Equal(t, n, after, "nothing reported after termination began")
+}
+
+// A certificate rotation hot-restarts the proxy; while the new epoch initializes (its
+// admin answers INITIALIZING) the old one serves, so the pod stays ready and discovery
+// hears nothing but healthy.
+func TestCertificateRotationKeepsPodReady(t *testing.T) {
+	proxytest.RequireKnobs(t)
+	rec, addr := startRecorder(t)
+
+	r := start(t, pod{
+		proxyEnv: []string{"TESTPROXY_CONFIG_ON_START=1", "TESTPROXY_CHILD_INIT=1500ms"},
+		env:      []string{fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":%q}`, addr)}})
+	require.Eventually(t, r.readyIs(200, ""), 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { s, _ := rec.last(); return s == "" }, 10*time.Second, 20*time.Millisecond)
+	_, before := rec.last()
+
+	require.NoError(t, os.WriteFile(r.certs, []byte("rotated"), 0o600))
+	sawInit := false
+	deadline := time.Now().Add(15 * time.Second)
+	for !r.epochLive(1)() {
+		require.True(t, time.Now().Before(deadline), "epoch 1 never became live")
+		if state, _, err := r.agent.Admin().Ready(context.Background()); err == nil && state == "INITIALIZING" {
+			sawInit = true // epoch 1's admin: not live yet
+		}
+		code, body := r.get("/healthz/ready", 15020)
+		require.Equal(t, 200, code, "the pod stays ready during the hot restart: %s", body)
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.True(t, sawInit, "the admin API answered for the initializing epoch 1 at some point")
+	time.Sleep(time.Second) // two health periods after the hand-over
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, s := range rec.reports[before:] {
+		assert.Empty(t, s, "only healthy reports during and after the rotation")
+	}
 }

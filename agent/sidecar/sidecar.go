@@ -263,7 +263,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	srv := status.New(status.Config{
 		Admin: a.admin, ApplicationPorts: a.o.ApplicationPorts,
 		Probes: probe.NewHandler(a.probes, a.params.Localhost), AppMetrics: a.appMetrics,
-		Gatherer: a.registry, Draining: a.draining.Load,
+		Gatherer: a.registry, Draining: a.draining.Load, HotRestarting: a.sup.HotRestarting,
 		Quit:     func() { quitOnce.Do(func() { close(quit) }) },
 		Log:      a.log,
 		LogLevel: a.o.LogLevel,

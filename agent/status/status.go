@@ -43,6 +43,9 @@ type Config struct {
 	Gatherer         prometheus.Gatherer
 	// Draining reports whether termination has started; a draining pod is not ready.
 	Draining func() bool
+	// HotRestarting reports whether a new proxy epoch is initializing while the previous
+	// one, live, still serves (supervisor.HotRestarting); the pod stays ready meanwhile.
+	HotRestarting func() bool
 	// Quit asks the agent to stop, as SIGTERM does.
 	Quit func()
 	Log  *slog.Logger
@@ -105,11 +108,23 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 
 // Ready returns nil when the pod may receive traffic, or why not: the agent is not
 // draining, the proxy is LIVE, its first configuration from discovery arrived (CDS and
-// LDS updated at least once), and each application port has a listener.
+// LDS updated at least once), and each application port has a listener. During a hot
+// restart the admin API belongs to the new epoch, which is not live yet; the previous
+// epoch serves the traffic meanwhile, so the new epoch's state does not make the pod
+// unready (a certificate rotation must not take the pod out of load balancing).
 func (s *Server) Ready(ctx context.Context) error {
 	if s.c.Draining != nil && s.c.Draining() {
 		return errors.New("agent is draining")
 	}
+	err := s.proxyReady(ctx)
+	if err != nil && s.c.HotRestarting != nil && s.c.HotRestarting() {
+		return nil
+	}
+	return err
+}
+
+// proxyReady is Ready's check of the proxy.
+func (s *Server) proxyReady(ctx context.Context) error {
 	state, live, err := s.c.Admin.Ready(ctx)
 	if err != nil {
 		return fmt.Errorf("proxy admin not reachable: %w", err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,9 @@ type Supervisor struct {
 	budget           int
 	restartAt        time.Time
 	restartPending   bool
+	live             map[int]bool // running epochs that reported live
+
+	handover atomic.Bool // see HotRestarting
 
 	mBudget   prometheus.Gauge
 	mEpoch    prometheus.Gauge
@@ -84,6 +88,7 @@ func New(p Proxy, retry Retry, log *slog.Logger, reg prometheus.Registerer) *Sup
 		epochs:   map[int]string{},
 		aborts:   map[int]context.CancelFunc{},
 		aborting: map[int]bool{},
+		live:     map[int]bool{},
 		budget:   retry.MaxRetries,
 		mBudget: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "wasmesh_agent_proxy_retry_budget", Help: "Restarts left before the agent gives up on the proxy."}),
@@ -111,6 +116,20 @@ func (s *Supervisor) Apply(ctx context.Context, config string) error {
 	}
 }
 
+// HotRestarting reports whether a hot restart is under way: the newest epoch has not
+// reported live yet while an older one that did still runs, not aborted (and serves, as
+// Envoy's parent does until its child is initialized). Safe to call from any goroutine.
+func (s *Supervisor) HotRestarting() bool { return s.handover.Load() }
+
+// updateHandover recomputes HotRestarting after the epochs changed.
+func (s *Supervisor) updateHandover() {
+	latest, older := s.latestEpoch(), false
+	for e := range s.live {
+		older = older || (e < latest && !s.aborting[e])
+	}
+	s.handover.Store(latest >= 0 && !s.live[latest] && older)
+}
+
 // Run is the control loop. It returns nil when ctx ends (after every epoch has been
 // aborted and has exited), ErrBudgetExhausted, or ErrProxyExited.
 func (s *Supervisor) Run(ctx context.Context) error {
@@ -132,6 +151,10 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.reconcile("config")
 
 		case epoch := <-s.ready:
+			if _, running := s.epochs[epoch]; running {
+				s.live[epoch] = true
+				s.updateHandover()
+			}
 			if epoch == s.latestEpoch() && s.budget != s.retry.MaxRetries {
 				s.log.Info("proxy epoch is live, restoring retry budget", "epoch", epoch, "budget", s.retry.MaxRetries)
 				s.setBudget(s.retry.MaxRetries)
@@ -141,6 +164,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			delete(s.epochs, st.epoch)
 			delete(s.aborts, st.epoch)
 			delete(s.aborting, st.epoch)
+			delete(s.live, st.epoch)
+			s.updateHandover()
 			s.current = s.epochs[s.latestEpoch()]
 			s.proxy.Cleanup(st.epoch)
 			switch {
@@ -210,6 +235,7 @@ func (s *Supervisor) reconcile(reason string) {
 	s.current = s.desired
 	s.mEpoch.Set(float64(epoch))
 	s.mRestarts.WithLabelValues(reason).Inc()
+	s.updateHandover()
 	s.log.Info("epoch starting", "epoch", epoch, "reason", reason, "budget", s.budget)
 	cfg := s.desired
 	go func() {
@@ -241,6 +267,7 @@ func (s *Supervisor) abortAll() {
 			cancel()
 		}
 	}
+	s.updateHandover()
 }
 
 // shutdown aborts every epoch and waits for each to report, so no process and no
@@ -252,6 +279,8 @@ func (s *Supervisor) shutdown() {
 		delete(s.epochs, st.epoch)
 		delete(s.aborts, st.epoch)
 		delete(s.aborting, st.epoch)
+		delete(s.live, st.epoch)
+		s.updateHandover()
 		s.proxy.Cleanup(st.epoch)
 		s.log.Info("epoch stopped", "epoch", st.epoch, "err", st.err)
 	}

@@ -201,3 +201,21 @@ func alive(pid int) bool {
 	f := strings.Fields(string(b))
 	return len(f) > 2 && f[2] != "Z"
 }
+
+// While a new epoch initializes beside a live one, the supervisor says a hot restart is
+// under way; it stops saying so once the new epoch is live.
+func TestHotRestartingUntilTheNewEpochIsLive(t *testing.T) {
+	proxytest.RequireKnobs(t)
+	r := start(t, supervisor.DefaultRetry(), "TESTPROXY_CONFIG_ON_START=1", "TESTPROXY_CHILD_INIT=700ms")
+	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"))
+	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond)
+	assert.False(t, r.sup.HotRestarting(), "one live epoch: no hot restart")
+
+	require.NoError(t, r.sup.Apply(context.Background(), "certs-v2"))
+	require.Eventually(t, r.sup.HotRestarting, 5*time.Second, 5*time.Millisecond,
+		"epoch 1 initializes while epoch 0 serves")
+	assert.False(t, r.live(1)(), "epoch 1 is not live yet")
+	require.Eventually(t, r.live(1), 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return !r.sup.HotRestarting() }, 5*time.Second, 5*time.Millisecond,
+		"epoch 1 is live: the hot restart is over")
+}

@@ -436,7 +436,8 @@ func (s *Server) nextNonce() string {
 }
 
 // restartPeriod is how long after start a resuming proxy counts as coming back from a
-// discovery restart (Envoy's reconnect back-off tops out at 30 s).
+// discovery restart (Envoy's reconnect back-off tops out at 30 s by default; the agent's
+// bootstrap caps it at 5 s, so proxies are back well within ReconnectWindow).
 const restartPeriod = time.Minute
 
 // holdResumed returns until when a proxy resuming now is held (zero: not held).

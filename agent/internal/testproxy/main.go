@@ -10,6 +10,8 @@
 //	TESTPROXY_STARTS_FILE=path   append "<epoch> <pid> <unix nanos>" on each start
 //	TESTPROXY_CONFIG_ON_START=1  behave as if the first xDS config arrived at start
 //	TESTPROXY_SERIES=n           expose n synthetic istio_requests_total series
+//	TESTPROXY_CHILD_INIT=dur     an epoch after the first stays INITIALIZING (no config yet)
+//	                             for dur, then goes LIVE and tells its parent to drain
 package main
 
 import (

@@ -96,7 +96,7 @@ func (p *proxy) serve(ctx context.Context) (int, error) {
 		}
 		parent = c
 		defer parent.Close()
-		p.configured = inherited.Configured
+		p.configured = inherited.Configured && childInit() == 0
 		p.inbound, p.outbound = inherited.Inbound, inherited.Outbound
 	}
 	if err := p.startAdmin(); err != nil {
@@ -112,7 +112,7 @@ func (p *proxy) serve(ctx context.Context) (int, error) {
 	if err := p.bindDynamic(p.outbound, "outbound"); err != nil {
 		return 1, err
 	}
-	if os.Getenv("TESTPROXY_CONFIG_ON_START") == "1" {
+	if os.Getenv("TESTPROXY_CONFIG_ON_START") == "1" && (parent == nil || childInit() == 0) {
 		p.markConfigured()
 	}
 	p.mu.Lock()
@@ -135,6 +135,16 @@ func (p *proxy) serve(ctx context.Context) (int, error) {
 	go p.acceptChild(ctx, hl)
 
 	if parent != nil {
+		if d := childInit(); d > 0 {
+			// Envoy's order: the child initializes (fetches its first config) while the
+			// parent keeps serving, and only then tells the parent to drain.
+			select {
+			case <-time.After(d):
+				p.markConfigured()
+			case <-ctx.Done():
+				return 0, nil
+			}
+		}
 		if _, err := fmt.Fprintln(parent, "drain"); err != nil {
 			return 1, fmt.Errorf("hot restart: drain parent: %w", err)
 		}
@@ -576,3 +586,9 @@ func (p *proxy) adminHandler() http.Handler {
 type exitAfter struct{ code int }
 
 func (e *exitAfter) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+// childInit is TESTPROXY_CHILD_INIT: how long an epoch after the first stays INITIALIZING.
+func childInit() time.Duration {
+	d, _ := time.ParseDuration(os.Getenv("TESTPROXY_CHILD_INIT"))
+	return d
+}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -296,4 +299,42 @@ func mustStruct(t *testing.T) *anypb.Any {
 	a, err := anypb.New(&structpb.Struct{})
 	require.NoError(t, err)
 	return a
+}
+
+// withBackoff sets the ADS stream's reconnect back-off in an adsBootstrap.
+func withBackoff(bootstrap, backoff string) string {
+	return strings.Replace(bootstrap, "{envoy_grpc: {cluster_name: xds-grpc}}",
+		"{envoy_grpc: {cluster_name: xds-grpc, retry_policy: {retry_back_off: "+backoff+"}}}", 1)
+}
+
+// The bootstrap's envoy_grpc.retry_policy.retry_back_off bounds how long the proxy waits
+// between reconnection attempts, so it is back soon after its control plane returns
+// (with Envoy's default the wait grows to 30 s).
+func TestADSReconnectBackoffFromBootstrap(t *testing.T) {
+	cp := newControlPlane(t, "")
+	res := map[resourcev3.Type][]types.Resource{
+		resourcev3.ListenerType: {httpListener(t, "in", "r1", corev3.TrafficDirection_INBOUND)},
+		resourcev3.RouteType:    {directRoute("r1", "hello")},
+	}
+	cp.set("v1", res)
+	p := proxytest.Start(t, proxytest.Options{
+		Bootstrap: withBackoff(adsBootstrap(cp.addr, false), "{base_interval: 0.05s, max_interval: 0.2s}"), NoWait: true})
+	connected := func() bool { return p.Stat("control_plane.connected_state") == 1 }
+	require.Eventually(t, connected, 10*time.Second, 10*time.Millisecond)
+
+	cp.stop()
+	require.Eventually(t, func() bool { return !connected() }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(3 * time.Second) // attempts fail meanwhile; the back-off stays at its 200 ms cap
+	cp2 := newControlPlane(t, cp.addr)
+	cp2.set("v1", res)
+	require.Eventually(t, connected, 1500*time.Millisecond, 10*time.Millisecond,
+		"reconnected within a few 200 ms back-offs of the control plane's return\n%s", p.Stderr())
+
+	// A back-off whose base exceeds its max is refused at start, naming the field.
+	cfg := filepath.Join(t.TempDir(), "bad.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte(withBackoff(adsBootstrap(cp.addr, false),
+		"{base_interval: 2s, max_interval: 1s}")), 0o644))
+	out, err := exec.Command(proxytest.Binary(t), "-c", cfg).CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "retry_back_off")
 }

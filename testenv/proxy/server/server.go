@@ -21,6 +21,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	dcv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/admin"
@@ -404,6 +405,24 @@ func (s *Server) CloseAdmin() {
 // ListenerManager is the listener manager.
 func (s *Server) ListenerManager() *listener.Manager { return s.listeners }
 
+// xdsBackoff reads the ADS stream's reconnect back-off (envoy_grpc.retry_policy
+// .retry_back_off), Envoy's 500 ms base and 30 s max when unset. An unset max is ten times
+// the base, as Envoy documents.
+func xdsBackoff(g *corev3.GrpcService_EnvoyGrpc) (base, max time.Duration, err error) {
+	bo := g.GetRetryPolicy().GetRetryBackOff()
+	if bo == nil {
+		return 500 * time.Millisecond, 30 * time.Second, nil
+	}
+	base, max = bo.GetBaseInterval().AsDuration(), bo.GetMaxInterval().AsDuration()
+	if max == 0 {
+		max = 10 * base
+	}
+	if base <= 0 || max < base {
+		return 0, 0, fmt.Errorf("dynamic_resources.ads_config: envoy_grpc.retry_policy.retry_back_off: base_interval %s must be positive and at most max_interval %s", base, max)
+	}
+	return base, max, nil
+}
+
 func (s *Server) startXDS() error {
 	dr := s.boot.GetDynamicResources()
 	ads := dr.GetAdsConfig()
@@ -430,12 +449,20 @@ func (s *Server) startXDS() error {
 		return errors.New("dynamic_resources.ads_config: want one grpc_services entry with envoy_grpc")
 	}
 	clusterName := ads.GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName()
+	backoffBase, backoffMax, err := xdsBackoff(ads.GetGrpcServices()[0].GetEnvoyGrpc())
+	if err != nil {
+		return err
+	}
 	cl := s.clusters.Get(clusterName)
 	if cl == nil {
 		return fmt.Errorf("dynamic_resources.ads_config: cluster %q is not a static cluster", clusterName)
 	}
 	conn, err := grpc.NewClient("passthrough:///"+clusterName,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Envoy opens a new connection for each stream attempt; gRPC's channel would
+		// otherwise redial on its own back-off (up to 120 s) and fail the attempts fast.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: backoffBase, Multiplier: 2, Jitter: 0.2, MaxDelay: backoffMax}}),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			h := cl.Choose(&upstream.LBContext{})
 			if h == nil {
@@ -454,6 +481,7 @@ func (s *Server) startXDS() error {
 	sc := s.store.Scope("cluster." + clusterName)
 	connected := s.store.Gauge("control_plane.connected_state")
 	s.xds = xdsclient.New(xdsclient.Config{Conn: conn, Node: s.boot.GetNode(), Delta: delta, Log: s.loggers.For("config"),
+		BackoffBase: backoffBase, BackoffMax: backoffMax,
 		OnEvent: func(e, t string) {
 			switch e {
 			case "connected":
