@@ -25,7 +25,12 @@ type Snapshot struct {
 
 	byHost    map[string]*model.Service
 	selecting map[string][]*model.Service // services with a workload selector, by namespace
+	// endpoints by host; when epParent is set it holds only the hosts whose endpoints
+	// changed since epParent (a nil slice: none left), so an endpoints-only change costs
+	// what changed, not the size of the mesh. The chain is at most maxLayers long.
 	endpoints map[string][]*model.Endpoint
+	epParent  *Snapshot
+	epDepth   int
 
 	// Full caches results that depend on services, configs and mesh config (CDS, LDS, RDS,
 	// per-proxy shapes); EDS caches results that depend on endpoints as well.
@@ -59,36 +64,54 @@ func Build(version string, mesh *meshconfig.MeshConfig, configs *config.Index, r
 func (s *Snapshot) WithEndpoints(version string, reg registry.Registry, hosts map[string]struct{}) *Snapshot {
 	n := *s
 	n.Version = version
-	n.endpoints = make(map[string][]*model.Endpoint, len(s.endpoints))
-	for h, eps := range s.endpoints {
-		n.endpoints[h] = eps
-	}
+	changes := make(map[string][]*model.Endpoint, len(hosts))
 	for h := range hosts {
-		if _, known := s.byHost[h]; !known {
-			continue
-		}
-		if eps := reg.Endpoints(h); len(eps) > 0 {
-			n.endpoints[h] = eps
-		} else {
-			delete(n.endpoints, h)
+		if _, known := s.byHost[h]; known {
+			changes[h] = reg.Endpoints(h)
 		}
 	}
-	n.EDS = s.EDS.copyExcept(func(key any) bool {
-		k, ok := key.(HostKey)
-		if !ok {
-			return true // keys that do not name a host depend on all endpoints
-		}
-		_, changed := hosts[k.Host]
-		return changed
-	})
+	n.endpoints, n.epParent, n.epDepth = changes, s, s.epDepth+1
+	if n.epDepth > maxLayers {
+		n.endpoints, n.epParent, n.epDepth = n.flatEndpoints(), nil, 0
+	}
+	n.EDS = s.EDS.without(hosts)
 	return &n
+}
+
+// maxLayers bounds the chains of endpoints-only changes (Snapshot.epParent, Memo.parent):
+// a lookup walks at most this many layers, and every maxLayers-th change flattens.
+const maxLayers = 8
+
+// flatEndpoints merges the chain of endpoint changes into one map.
+func (s *Snapshot) flatEndpoints() map[string][]*model.Endpoint {
+	var chain []*Snapshot
+	for cur := s; cur != nil; cur = cur.epParent {
+		chain = append(chain, cur)
+	}
+	flat := make(map[string][]*model.Endpoint, len(chain[len(chain)-1].endpoints))
+	for i := len(chain) - 1; i >= 0; i-- { // oldest first, so newer changes win
+		for h, eps := range chain[i].endpoints {
+			if len(eps) > 0 {
+				flat[h] = eps
+			} else {
+				delete(flat, h)
+			}
+		}
+	}
+	return flat
 }
 
 // Service returns the service for host.
 func (s *Snapshot) Service(host string) *model.Service { return s.byHost[host] }
 
 // Endpoints returns the endpoints of host (all ports).
-func (s *Snapshot) Endpoints(host string) []*model.Endpoint { return s.endpoints[host] }
+func (s *Snapshot) Endpoints(host string) []*model.Endpoint {
+	for cur := s; ; cur = cur.epParent {
+		if eps, ok := cur.endpoints[host]; ok || cur.epParent == nil {
+			return eps
+		}
+	}
+}
 
 // ServicesSelecting returns the services in namespace ns whose workload selector matches
 // labels: the services a proxy with those labels serves.
@@ -110,9 +133,14 @@ type HostKey struct {
 }
 
 // Memo caches values built from a snapshot, each built once even when many connections ask
-// at the same time.
+// at the same time. The EDS memo of an endpoints-only snapshot is a layer over its parent's:
+// it inherits every HostKey entry of a host that did not change.
 type Memo struct {
 	m sync.Map // key → *memoEntry
+	// parent's HostKey entries hold here unless their host is in changed.
+	parent  *Memo
+	changed map[string]struct{}
+	depth   int
 }
 
 type memoEntry struct {
@@ -122,7 +150,14 @@ type memoEntry struct {
 
 // Get returns the value for key, building it with build on first use.
 func (m *Memo) Get(key any, build func() any) any {
-	e, _ := m.m.LoadOrStore(key, &memoEntry{})
+	e, ok := m.m.Load(key)
+	if !ok {
+		if inherited := m.inherited(key); inherited != nil {
+			e, _ = m.m.LoadOrStore(key, inherited)
+		} else {
+			e, _ = m.m.LoadOrStore(key, &memoEntry{})
+		}
+	}
 	me := e.(*memoEntry)
 	me.once.Do(func() { me.val = build() })
 	return me.val
@@ -135,13 +170,46 @@ func (m *Memo) Len() int {
 	return n
 }
 
-func (m *Memo) copyExcept(drop func(key any) bool) *Memo {
-	n := &Memo{}
-	m.m.Range(func(k, v any) bool {
-		if !drop(k) {
-			n.m.Store(k, v)
+// inherited finds key's entry in the layers below m, if it still holds in m: only HostKey
+// entries are inherited (other keys depend on all endpoints), and not past a layer that
+// changed their host.
+func (m *Memo) inherited(key any) *memoEntry {
+	k, ok := key.(HostKey)
+	if !ok {
+		return nil
+	}
+	for cur := m; cur.parent != nil; cur = cur.parent {
+		if _, changed := cur.changed[k.Host]; changed {
+			return nil
 		}
-		return true
-	})
-	return n
+		if e, ok := cur.parent.m.Load(key); ok {
+			return e.(*memoEntry)
+		}
+	}
+	return nil
+}
+
+// without returns a layer over m in which the entries of the changed hosts do not hold;
+// every maxLayers-th layer is flattened into a memo of its own.
+func (m *Memo) without(changed map[string]struct{}) *Memo {
+	n := &Memo{parent: m, changed: changed, depth: m.depth + 1}
+	if n.depth <= maxLayers {
+		return n
+	}
+	flat := &Memo{}
+	dropped := map[string]struct{}{}
+	for cur := n; cur.parent != nil; cur = cur.parent {
+		for h := range cur.changed {
+			dropped[h] = struct{}{}
+		}
+		cur.parent.m.Range(func(k, v any) bool {
+			if hk, ok := k.(HostKey); ok {
+				if _, d := dropped[hk.Host]; !d {
+					flat.m.LoadOrStore(k, v) // the nearest layer's entry wins
+				}
+			}
+			return true
+		})
+	}
+	return flat
 }

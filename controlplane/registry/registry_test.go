@@ -3,6 +3,8 @@ package registry
 import (
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -242,4 +244,51 @@ metadata: {name: both-again, namespace: shop}
 spec: {address: 10.0.0.6, labels: {version: v1, app: reviews}}
 `))
 	assert.Equal(t, []string{"10.0.0.1:9080@9080", "10.0.0.6:9080@9080"}, addrs(r.Endpoints("reviews-v1.shop.svc.cluster.local")))
+}
+
+// An auto-registered workload reaches exactly the ServiceEntries of its namespace whose
+// selector it matches (an empty selector matches all), and a label change moves it.
+func TestWorkloadChangesReachTheSelectingEntries(t *testing.T) {
+	r, rec, _ := newRegistry(t)
+	entry := func(name, ns, selector string) string {
+		return `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ` + name + `, namespace: ` + ns + `}
+spec:
+  hosts: [` + name + `.` + ns + `.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 80, name: http}]
+  workloadSelector: {labels: ` + selector + `}
+---`
+	}
+	r.SetConfigs(parse(t, entry("a", "shop", "{app: a}")+entry("a-v1", "shop", "{version: v1, app: a}")+
+		entry("all", "shop", "{}")+entry("b", "shop", "{app: b}")+entry("a", "other", "{app: a}")))
+	host := func(name, ns string) string { return name + "." + ns + ".svc.cluster.local" }
+	has := func() map[string]bool {
+		out := map[string]bool{}
+		for _, h := range []string{host("a", "shop"), host("a-v1", "shop"), host("all", "shop"), host("b", "shop"), host("a", "other")} {
+			out[h] = len(r.Endpoints(h)) > 0
+		}
+		return out
+	}
+	lastHosts := func() []string {
+		ev := rec.all()
+		return slices.Sorted(maps.Keys(ev[len(ev)-1].Hosts))
+	}
+
+	r.SetWorkload(&model.Workload{Name: "w", Namespace: "shop", Labels: map[string]string{"app": "a", "version": "v1"}, IPs: []string{"10.0.0.1"}})
+	assert.ElementsMatch(t, []string{host("a", "shop"), host("a-v1", "shop"), host("all", "shop")}, lastHosts())
+	assert.Equal(t, map[string]bool{host("a", "shop"): true, host("a-v1", "shop"): true, host("all", "shop"): true,
+		host("b", "shop"): false, host("a", "other"): false}, has())
+
+	r.SetWorkload(&model.Workload{Name: "w", Namespace: "shop", Labels: map[string]string{"app": "b"}, IPs: []string{"10.0.0.1"}})
+	assert.ElementsMatch(t, []string{host("a", "shop"), host("a-v1", "shop"), host("all", "shop"), host("b", "shop")}, lastHosts())
+	assert.Equal(t, map[string]bool{host("a", "shop"): false, host("a-v1", "shop"): false, host("all", "shop"): true,
+		host("b", "shop"): true, host("a", "other"): false}, has())
+
+	r.DeleteWorkload("shop", "w")
+	assert.ElementsMatch(t, []string{host("all", "shop"), host("b", "shop")}, lastHosts())
+	assert.Equal(t, map[string]bool{host("a", "shop"): false, host("a-v1", "shop"): false, host("all", "shop"): false,
+		host("b", "shop"): false, host("a", "other"): false}, has())
 }

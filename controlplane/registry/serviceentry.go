@@ -3,6 +3,7 @@ package registry
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 
@@ -21,6 +22,7 @@ type ServiceEntries struct {
 
 	mu        sync.RWMutex
 	entries   []*seEntry                             // sorted by namespace/name
+	selecting map[string]map[string][]*seEntry       // entries with a workload selector, by namespace and leastLabel
 	wes       map[string][]*config.Config            // WorkloadEntries by namespace
 	weByLabel map[string]map[string][]*config.Config // WorkloadEntries by namespace and labelKey(k, v)
 	workloads map[string]map[string]*model.Workload  // auto-registered, by namespace and key
@@ -34,6 +36,7 @@ type seEntry struct {
 	cfg      *config.Config
 	spec     *networking.ServiceEntry
 	services []*model.Service
+	pos      int // index in entries
 }
 
 // NewServiceEntries returns an empty registry.
@@ -124,7 +127,18 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 			e.services = append(e.services, s)
 		}
 	}
-	r.entries, r.wes, r.weByLabel = entries, wes, indexByLabel(wes)
+	selecting := map[string]map[string][]*seEntry{}
+	for i, e := range entries {
+		e.pos = i
+		if sel := e.spec.GetWorkloadSelector(); sel != nil {
+			if selecting[e.cfg.Namespace] == nil {
+				selecting[e.cfg.Namespace] = map[string][]*seEntry{}
+			}
+			k := leastLabel(sel.GetLabels())
+			selecting[e.cfg.Namespace][k] = append(selecting[e.cfg.Namespace][k], e)
+		}
+	}
+	r.entries, r.selecting, r.wes, r.weByLabel = entries, selecting, wes, indexByLabel(wes)
 	ev := Event{Hosts: map[string]struct{}{}}
 	for h, s := range services {
 		if r.services[h] != s {
@@ -169,22 +183,18 @@ func (r *ServiceEntries) replaceEndpoints(computed map[string][]*model.Endpoint,
 		r.endpoints = computed
 		return
 	}
-	next := make(map[string][]*model.Endpoint, len(r.endpoints))
-	for h, eps := range r.endpoints {
-		next[h] = eps
-	}
+	// Only the hosts in scope change, in place (every reader holds r.mu): a workload
+	// change costs its few hosts, not a copy of the mesh's endpoints.
 	for h := range scope {
 		if !model.EndpointsEqual(r.endpoints[h], computed[h]) {
 			changed[h] = struct{}{}
 			if len(computed[h]) == 0 {
-				delete(next, h)
+				delete(r.endpoints, h)
 			} else {
-				next[h] = computed[h]
+				r.endpoints[h] = computed[h]
 			}
 		}
 	}
-	// The map is replaced, never mutated, so readers holding the old one are unaffected.
-	r.endpoints = next
 }
 
 func notify(handlers []Handler, ev Event) {
@@ -239,11 +249,8 @@ func (r *ServiceEntries) workloadChanged(ns string, old, cur *model.Workload) Ev
 	ev := Event{Hosts: map[string]struct{}{}}
 	computed := map[string][]*model.Endpoint{}
 	scope := map[string]bool{}
-	for _, e := range r.entries {
+	for _, e := range r.entriesSelecting(ns, old, cur) {
 		sel := e.spec.GetWorkloadSelector()
-		if e.cfg.Namespace != ns || sel == nil {
-			continue
-		}
 		if !(old != nil && config.SelectorMatches(sel.GetLabels(), old.Labels)) &&
 			!(cur != nil && config.SelectorMatches(sel.GetLabels(), cur.Labels)) {
 			continue
@@ -315,21 +322,48 @@ func indexByLabel(wes map[string][]*config.Config) map[string]map[string][]*conf
 	return idx
 }
 
-// selectable narrows the WorkloadEntries of ns that selector may match to those carrying
-// one of its labels (the least key), so that recomputing every ServiceEntry's endpoints is
-// not services x WorkloadEntries; the caller still matches the whole selector (caller holds
-// r.mu).
-func (r *ServiceEntries) selectable(ns string, selector map[string]string) []*config.Config {
-	if len(selector) == 0 {
-		return r.wes[ns]
-	}
+// leastLabel is the selector's label with the least key as an index key ("" for an empty
+// selector, which matches every workload): a workload the selector matches carries it.
+func leastLabel(selector map[string]string) string {
 	least, first := "", true
 	for k := range selector {
 		if first || k < least {
 			least, first = k, false
 		}
 	}
-	return r.weByLabel[ns][labelKey(least, selector[least])]
+	if first {
+		return ""
+	}
+	return labelKey(least, selector[least])
+}
+
+// selectable narrows the WorkloadEntries of ns that selector may match to those carrying
+// its least label, so that recomputing every ServiceEntry's endpoints is not services x
+// WorkloadEntries; the caller still matches the whole selector (caller holds r.mu).
+func (r *ServiceEntries) selectable(ns string, selector map[string]string) []*config.Config {
+	if len(selector) == 0 {
+		return r.wes[ns]
+	}
+	return r.weByLabel[ns][leastLabel(selector)]
+}
+
+// entriesSelecting narrows the ServiceEntries of ns with a workload selector to those whose
+// least label one of the workloads carries (or whose selector is empty), in entries order,
+// so that a workload change is not a match against every ServiceEntry; the caller still
+// matches the whole selector (caller holds r.mu).
+func (r *ServiceEntries) entriesSelecting(ns string, workloads ...*model.Workload) []*seEntry {
+	byLabel := r.selecting[ns]
+	out := slices.Clone(byLabel[""])
+	for _, w := range workloads {
+		if w == nil {
+			continue
+		}
+		for k, v := range w.Labels {
+			out = append(out, byLabel[labelKey(k, v)]...)
+		}
+	}
+	slices.SortFunc(out, func(a, b *seEntry) int { return a.pos - b.pos })
+	return slices.Compact(out)
 }
 
 // computeEndpoints fills out[host] for every host of e (caller holds r.mu).

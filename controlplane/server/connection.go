@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -38,7 +39,9 @@ type Connection struct {
 
 	mu      sync.Mutex
 	watches map[string]*watch
-	view    *xds.View
+	// edsSub is the EDS watch's subscription, readable without mu (see setSub).
+	edsSub atomic.Pointer[subscription]
+	view   *xds.View
 	// lastNack is the latest NACK message logged, so a proxy repeating it is logged once.
 	lastNack string
 }
@@ -128,9 +131,9 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 // scoped to 10 of 1000 services is not pushed for changes to the other 990.
 func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly bool) bool {
 	if !ev.req.Full {
-		return c.watchesAny(ev.edsClusters())
+		return c.watchesAny(ev)
 	}
-	if !servicesOnly || c.watchesAny(ev.edsClusters()) {
+	if !servicesOnly || c.watchesAny(ev) {
 		return true
 	}
 	for _, snap := range []*push.Snapshot{prev, ev.snap} {
@@ -147,26 +150,22 @@ func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly 
 	return false
 }
 
-// watchesAny reports whether the connection subscribes to any of the EDS clusters.
-func (c *Connection) watchesAny(clusters []string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w := c.watches[xds.EndpointType]
-	if w == nil {
-		return false
+// watchesAny reports whether the connection subscribes to any EDS cluster the push changed.
+func (c *Connection) watchesAny(ev *pushEvent) bool { return ev.watches(c.edsSub.Load()) }
+
+// setSub replaces a watch's subscription (caller holds c.mu); the EDS watch's is also
+// published in edsSub, so the push loop's walk over thousands of connections takes no lock.
+func (c *Connection) setSub(w *watch, sub *subscription) {
+	w.sub = sub
+	if c.watches[xds.EndpointType] == w {
+		c.edsSub.Store(sub)
 	}
-	for _, n := range clusters {
-		if w.sub.has(n) {
-			return true
-		}
-	}
-	return false
 }
 
 // subscribe replaces a watch's subscription (caller holds c.mu).
 func (c *Connection) subscribe(w *watch, names []string) {
 	old := w.sub
-	w.sub = c.srv.subs.acquire(names)
+	c.setSub(w, c.srv.subs.acquire(names))
 	c.srv.subs.release(old)
 	if w.known != nil {
 		w.known = xds.Select(w.known, w.sub.set)
@@ -276,7 +275,7 @@ func (s *Server) closeConnection(c *Connection) {
 	c.mu.Lock()
 	for _, w := range c.watches {
 		s.subs.release(w.sub)
-		w.sub = nil
+		c.setSub(w, nil)
 	}
 	c.mu.Unlock()
 	s.queue.Remove(c)

@@ -60,7 +60,7 @@ func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_
 		}
 		changedSubs = len(add) > 0
 		if len(add) > 0 || len(remove) > 0 || w.sub == nil {
-			w.sub = c.srv.subs.change(w.sub, add, remove)
+			c.setSub(w, c.srv.subs.change(w.sub, add, remove))
 			if w.known != nil && len(remove) > 0 {
 				// Forgetting unsubscribed names keeps them from being reported as removed.
 				w.known = xds.Select(w.known, w.sub.set)

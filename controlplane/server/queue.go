@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -18,6 +19,27 @@ type pushEvent struct {
 
 	clustersOnce sync.Once
 	clusters     []string
+
+	// watched memoizes watches for the push loop (one goroutine): connections share
+	// subscriptions, so thousands of proxies cost a few set lookups.
+	watched map[*subscription]bool
+}
+
+// watches reports whether an EDS subscription names any cluster the push changed. Only the
+// push loop calls it.
+func (e *pushEvent) watches(sub *subscription) bool {
+	if sub == nil {
+		return false
+	}
+	if v, ok := e.watched[sub]; ok {
+		return v
+	}
+	v := slices.ContainsFunc(e.edsClusters(), sub.has)
+	if e.watched == nil {
+		e.watched = map[*subscription]bool{}
+	}
+	e.watched[sub] = v
+	return v
 }
 
 // edsClusters lists the EDS clusters of the hosts an endpoints-only push changed.
