@@ -46,14 +46,6 @@ func (r *Resource) appendSotw(b []byte) []byte {
 
 // appendDelta appends the item as a DeltaDiscoveryResponse.resources entry.
 func (r *Resource) appendDelta(b []byte, version string) []byte {
-	b = r.appendDeltaHead(b, version)
-	b = append(b, r.wire...)
-	return r.appendDeltaTail(b)
-}
-
-// appendDeltaHead appends the start of the item's DeltaDiscoveryResponse.resources entry, up
-// to the Any's bytes; appendDeltaTail appends what follows them.
-func (r *Resource) appendDeltaHead(b []byte, version string) []byte {
 	n := protowire.SizeTag(resourceVersion) + protowire.SizeBytes(len(version)) +
 		protowire.SizeTag(resourceAny) + protowire.SizeBytes(len(r.wire)) +
 		protowire.SizeTag(resourceName) + protowire.SizeBytes(len(r.Name))
@@ -62,18 +54,22 @@ func (r *Resource) appendDeltaHead(b []byte, version string) []byte {
 	b = protowire.AppendTag(b, resourceVersion, protowire.BytesType)
 	b = protowire.AppendString(b, version)
 	b = protowire.AppendTag(b, resourceAny, protowire.BytesType)
-	return protowire.AppendVarint(b, uint64(len(r.wire)))
-}
-
-func (r *Resource) appendDeltaTail(b []byte) []byte {
+	b = protowire.AppendBytes(b, r.wire)
 	b = protowire.AppendTag(b, resourceName, protowire.BytesType)
 	return protowire.AppendString(b, r.Name)
 }
 
-// referenceAbove is the size from which a resource's bytes are referenced in a response
-// rather than copied into it: the shared bytes of a resource sent to thousands of proxies
-// (an endpoints-only push) are not copied once per connection.
-const referenceAbove = 512
+// deltaEntry is the item's whole DeltaDiscoveryResponse.resources entry, encoded on first
+// use and then referenced by every response that carries the item: a resource sent to
+// thousands of proxies (an endpoints-only push) is encoded once, not once per connection.
+func (r *Resource) deltaEntry() []byte {
+	if b := r.delta.Load(); b != nil {
+		return *b
+	}
+	b := r.appendDelta(nil, VersionOf(r.Hash))
+	r.delta.Store(&b) // a racing encoder stores the same bytes
+	return b
+}
 
 // VersionOf is the delta version string of a resource: its content hash.
 func VersionOf(h uint64) string { return formatHash(h) }
@@ -163,17 +159,9 @@ func EncodeDelta(version, typeURL, nonce string, set *Resources, items []*Resour
 		})
 		e.add(set.enc.delta)
 	} else {
-		var b []byte
 		for _, it := range items {
-			if len(it.wire) < referenceAbove {
-				b = it.appendDelta(b, VersionOf(it.Hash))
-				continue
-			}
-			e.add(it.appendDeltaHead(b, VersionOf(it.Hash)))
-			e.add(it.wire)
-			b = it.appendDeltaTail(nil)
+			e.add(it.deltaEntry())
 		}
-		e.add(b)
 	}
 	var b []byte
 	for _, n := range removed {

@@ -13,12 +13,11 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// testSet has small resources and one above referenceAbove, whose bytes a response
-// references instead of copying.
+// testSet has small resources and a large one.
 func testSet() *Resources {
 	return newResources([]*Resource{
 		newResource("c", &cluster.Cluster{Name: "c"}),
-		newResource("b", &cluster.Cluster{Name: "b", AltStatName: strings.Repeat("y", 2*referenceAbove)}),
+		newResource("b", &cluster.Cluster{Name: "b", AltStatName: strings.Repeat("y", 2048)}),
 		newResource("a", &cluster.Cluster{Name: "a", AltStatName: "x"}),
 	})
 }
@@ -60,4 +59,18 @@ func TestEncodedResponsesDecodeToTheSameMessages(t *testing.T) {
 	var req discovery.DiscoveryRequest
 	require.NoError(t, NewCodec().Unmarshal(b, &req))
 	assert.Equal(t, "x", req.GetTypeUrl())
+}
+
+// Delta responses carrying some items of a set reference each item's entry, encoded once:
+// two connections' responses share the bytes.
+func TestDeltaItemsAreEncodedOnce(t *testing.T) {
+	set := testSet()
+	a := EncodeDelta("v1", ClusterType, "n1", set, set.Items[1:], nil)
+	b := EncodeDelta("v1", ClusterType, "n2", set, set.Items[1:], nil)
+	require.Len(t, a.parts, 3) // header and the two items
+	require.Len(t, b.parts, 3)
+	for i := 1; i < 3; i++ {
+		assert.Same(t, &a.parts[i][0], &b.parts[i][0], "item %d shares its encoding", i)
+	}
+	assert.NotEqual(t, a.parts[0], b.parts[0], "each response has its own nonce")
 }

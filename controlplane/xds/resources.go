@@ -7,6 +7,7 @@ package xds
 import (
 	"hash/fnv"
 	"sort"
+	"sync/atomic"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
@@ -55,6 +56,8 @@ type Resource struct {
 	Message proto.Message
 	// wire is the encoded Any; Any.Value aliases its tail, so the bytes exist once.
 	wire []byte
+	// delta caches deltaEntry.
+	delta atomic.Pointer[[]byte]
 }
 
 // Resources is a generated set of one type, sorted by name.
