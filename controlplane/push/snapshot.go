@@ -24,6 +24,7 @@ type Snapshot struct {
 	Services []*model.Service
 
 	byHost    map[string]*model.Service
+	byNS      map[string][]*model.Service // services by namespace, sorted by host
 	selecting map[string][]*model.Service // services with a workload selector, by namespace
 	// endpoints by host; when epParent is set it holds only the hosts whose endpoints
 	// changed since epParent (a nil slice: none left), so an endpoints-only change costs
@@ -43,11 +44,13 @@ func Build(version string, mesh *meshconfig.MeshConfig, configs *config.Index, r
 	services := reg.Services()
 	s := &Snapshot{
 		Version: version, FullVersion: version, Mesh: mesh, Configs: configs, Services: services,
-		byHost: make(map[string]*model.Service, len(services)), selecting: map[string][]*model.Service{},
+		byHost: make(map[string]*model.Service, len(services)), byNS: map[string][]*model.Service{},
+		selecting: map[string][]*model.Service{},
 		endpoints: make(map[string][]*model.Endpoint, len(services)), Full: &Memo{}, EDS: &Memo{},
 	}
 	for _, svc := range services {
 		s.byHost[svc.Hostname] = svc
+		s.byNS[svc.Namespace] = append(s.byNS[svc.Namespace], svc)
 		if svc.WorkloadSelector != nil {
 			s.selecting[svc.Namespace] = append(s.selecting[svc.Namespace], svc)
 		}
@@ -103,6 +106,9 @@ func (s *Snapshot) flatEndpoints() map[string][]*model.Endpoint {
 
 // Service returns the service for host.
 func (s *Snapshot) Service(host string) *model.Service { return s.byHost[host] }
+
+// ServicesIn returns the services of namespace ns, sorted by host.
+func (s *Snapshot) ServicesIn(ns string) []*model.Service { return s.byNS[ns] }
 
 // Endpoints returns the endpoints of host (all ports).
 func (s *Snapshot) Endpoints(host string) []*model.Endpoint {

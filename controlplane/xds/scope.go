@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"slices"
 	"sort"
 	"strings"
 
@@ -171,7 +172,7 @@ func (s *Scope) buildEgress(snap *push.Snapshot, t *traffic, l *networking.Istio
 			e.Services = append(e.Services, svc)
 		}
 	}
-	for _, svc := range snap.Services {
+	for _, svc := range e.candidates(snap) {
 		if serviceVisible(snap, svc, s.Namespace) && imports(svc.Namespace, svc.Hostname, false) {
 			add(svc)
 		}
@@ -233,6 +234,28 @@ func (s *Scope) buildEgress(snap *push.Snapshot, t *traffic, l *networking.Istio
 		}
 	}
 	return e
+}
+
+// candidates are the services the listener's hosts may import: the service an exact host
+// names, the services of the namespace a wildcard host names, every service for "*/*".
+func (e *egressListener) candidates(snap *push.Snapshot) []*model.Service {
+	var out []*model.Service
+	var nss []string
+	for _, h := range e.hosts {
+		switch {
+		case h.ns == "~":
+		case !strings.HasPrefix(h.host, "*"):
+			if svc := snap.Service(h.host); svc != nil {
+				out = append(out, svc)
+			}
+		case h.ns == "*":
+			return snap.Services
+		case !slices.Contains(nss, h.ns):
+			nss = append(nss, h.ns)
+			out = append(out, snap.ServicesIn(h.ns)...)
+		}
+	}
+	return out
 }
 
 func destinationsOf(r *networking.HTTPRoute) []*networking.Destination {

@@ -426,3 +426,39 @@ spec:
 	assert.Equal(t, 90*time.Second, tp.GetIdleTimeout().AsDuration())
 	assert.Equal(t, time.Hour, tp.GetMaxDownstreamConnectionDuration().AsDuration())
 }
+
+// Each form of Sidecar egress host imports what it names: an exact host in a namespace or
+// in any, a namespace's wildcard (honouring exportTo), a wildcard host pattern.
+func TestSidecarEgressHostsImportWhatTheyName(t *testing.T) {
+	se := func(name, ns, host, extra string) string {
+		return `---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ` + name + `, namespace: ` + ns + `}
+spec:
+  hosts: ["` + host + `"]
+  resolution: STATIC
+  ports: [{number: 80, name: http}]
+  endpoints: [{address: 10.0.0.1}]
+` + extra
+	}
+	cfg := se("a", "shop", "a.shop.svc.cluster.local", "") + se("b", "shop", "b.shop.svc.cluster.local", "") +
+		se("c", "other", "c.other.svc.cluster.local", "") + se("d", "other", "d.other.svc.cluster.local", "  exportTo: [.]\n") +
+		se("e", "third", "e.third.svc.cluster.local", "") + se("f", "third", "f.third.svc.cluster.local", "") +
+		se("wild", "ext", "*.wild.example", "  location: MESH_EXTERNAL\n") + `---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec:
+  egress: [{hosts: ["./a.shop.svc.cluster.local", "other/*", "*/e.third.svc.cluster.local", "ext/*.example"]}]
+`
+	v := viewOf(t, cfg, nil)
+	for host, want := range map[string]bool{
+		"a.shop.svc.cluster.local": true, "b.shop.svc.cluster.local": false,
+		"c.other.svc.cluster.local": true, "d.other.svc.cluster.local": false,
+		"e.third.svc.cluster.local": true, "f.third.svc.cluster.local": false,
+		"*.wild.example": true,
+	} {
+		assert.Equal(t, want, xds.Clusters(v).Find("outbound|80||"+host) != nil, host)
+	}
+}
