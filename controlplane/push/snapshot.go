@@ -158,8 +158,10 @@ type memoEntry struct {
 func (m *Memo) Get(key any, build func() any) any {
 	e, ok := m.m.Load(key)
 	if !ok {
+		// An inherited entry is not stored again here: an endpoints-only change does not
+		// copy the entries of the hosts it did not change, even as they are read.
 		if inherited := m.inherited(key); inherited != nil {
-			e, _ = m.m.LoadOrStore(key, inherited)
+			e = inherited
 		} else {
 			e, _ = m.m.LoadOrStore(key, &memoEntry{})
 		}
