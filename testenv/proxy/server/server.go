@@ -406,12 +406,12 @@ func (s *Server) CloseAdmin() {
 func (s *Server) ListenerManager() *listener.Manager { return s.listeners }
 
 // xdsBackoff reads the ADS stream's reconnect back-off (envoy_grpc.retry_policy
-// .retry_back_off), Envoy's 500 ms base and 30 s max when unset. An unset max is ten times
-// the base, as Envoy documents.
+// .retry_back_off), Envoy's defaults when unset. An unset max is ten times the base, as
+// Envoy documents.
 func xdsBackoff(g *corev3.GrpcService_EnvoyGrpc) (base, max time.Duration, err error) {
 	bo := g.GetRetryPolicy().GetRetryBackOff()
 	if bo == nil {
-		return 500 * time.Millisecond, 30 * time.Second, nil
+		return xdsclient.DefaultBackoffBase, xdsclient.DefaultBackoffMax, nil
 	}
 	base, max = bo.GetBaseInterval().AsDuration(), bo.GetMaxInterval().AsDuration()
 	if max == 0 {

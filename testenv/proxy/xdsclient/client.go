@@ -76,7 +76,7 @@ type Config struct {
 	Node  *corev3.Node
 	Delta bool
 	Log   *slog.Logger
-	// Backoff bounds; zero means Envoy's defaults (500 ms base, 30 s max).
+	// Backoff bounds; zero means Envoy's defaults (DefaultBackoffBase, DefaultBackoffMax).
 	BackoffBase, BackoffMax time.Duration
 	// OnEvent, if set, is told about stream events ("connected", "disconnected",
 	// "ack <type>", "nack <type>") for stats and tests.
@@ -104,13 +104,19 @@ type typeState struct {
 	subscribed bool              // requested on the current stream
 }
 
+// Envoy's reconnect back-off of xDS streams when the bootstrap sets none.
+const (
+	DefaultBackoffBase = 500 * time.Millisecond
+	DefaultBackoffMax  = 30 * time.Second
+)
+
 // New returns a client.
 func New(cfg Config, h Handler) *Client {
 	if cfg.BackoffBase == 0 {
-		cfg.BackoffBase = 500 * time.Millisecond
+		cfg.BackoffBase = DefaultBackoffBase
 	}
 	if cfg.BackoffMax == 0 {
-		cfg.BackoffMax = 30 * time.Second
+		cfg.BackoffMax = DefaultBackoffMax
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
