@@ -171,13 +171,6 @@ func (m *Memo) Get(key any, build func() any) any {
 	return me.val
 }
 
-// Len counts cached entries (for tests and debug output).
-func (m *Memo) Len() int {
-	n := 0
-	m.m.Range(func(any, any) bool { n++; return true })
-	return n
-}
-
 // inherited finds key's entry in the layers below m, if it still holds in m: only HostKey
 // entries are inherited (other keys depend on all endpoints), and not past a layer that
 // changed their host.

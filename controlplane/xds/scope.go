@@ -286,7 +286,7 @@ func (s *Scope) RoutesHost(host string) bool {
 	for _, e := range s.Egress {
 		for _, vs := range e.VS {
 			for _, h := range vs.hosts {
-				if h == host || (strings.HasPrefix(h, "*") && hostMatches(host, h)) {
+				if hostMatches(host, h) {
 					return true
 				}
 			}
