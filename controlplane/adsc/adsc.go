@@ -73,6 +73,7 @@ type Client struct {
 	log       []Response
 	nonces    map[string]string // latest nonce per type, sent with subscription changes as Envoy does
 	changed   chan struct{}
+	onChange  func() // see Notify
 	err       error
 	done      chan struct{}
 
@@ -196,9 +197,12 @@ func (c *Client) run(loop func() error) {
 	err := loop()
 	c.mu.Lock()
 	c.err = err
-	c.notifyLocked()
+	fn := c.notifyLocked()
 	c.mu.Unlock()
 	close(c.done)
+	if fn != nil {
+		fn()
+	}
 }
 
 // Done is closed when the stream has ended.
@@ -211,9 +215,27 @@ func (c *Client) Err() error {
 	return c.err
 }
 
-func (c *Client) notifyLocked() {
+// notifyLocked wakes Wait and returns the Notify callback, for the caller to run once it
+// has released c.mu.
+func (c *Client) notifyLocked() func() {
 	close(c.changed)
 	c.changed = make(chan struct{})
+	return c.onChange
+}
+
+// Notify has fn called after every response the client applies and once its stream has
+// ended, in the client's reader (fn must not block), until the returned stop is called; one
+// callback at a time. Unlike Wait it costs no goroutine, so a load generator can watch
+// thousands of clients without waking a goroutine per response.
+func (c *Client) Notify(fn func()) (stop func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.onChange = fn
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.onChange = nil
+	}
 }
 
 type receiver interface{ RecvMsg(any) error }
@@ -296,8 +318,11 @@ func (c *Client) handle(f *frame, delta bool, acked map[string]string) error {
 func (c *Client) record(r Response) {
 	c.mu.Lock()
 	c.log = append(c.log, r)
-	c.notifyLocked()
+	fn := c.notifyLocked()
 	c.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
 }
 
 type followUp struct {

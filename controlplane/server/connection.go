@@ -34,8 +34,21 @@ type Connection struct {
 	holdUntil time.Time
 	workload  *model.Workload
 	delta     bool
-	pushCh    chan *delivery
-	stopped   chan struct{}
+	// push sends a push event on the connection's stream (set by serve).
+	push func(*pushEvent) error
+	// stopped is closed when the stream's handler ends; ended asks it to end (a send
+	// that timed out), with endErr as the stream's error.
+	stopped  chan struct{}
+	ended    chan struct{}
+	endOnce  sync.Once
+	endErr   error
+
+	// turn serializes the connection's work, as one goroutine per stream would without a
+	// hand-off: requests run in the stream's reader, pushes in the push worker that
+	// dequeued the connection, one at a time. closed (under turn) stops both once the
+	// stream has ended.
+	turn   sync.Mutex
+	closed bool
 
 	mu      sync.Mutex
 	watches map[string]*watch
@@ -174,25 +187,44 @@ func (c *Connection) subscribe(w *watch, names []string) {
 
 var errSendTimeout = errors.New("send timed out")
 
-// sendWithTimeout runs one stream send; a proxy that does not read within the timeout is
-// cut off, so one slow client cannot hold a push worker (the stream's context is cancelled
-// when the handler returns, which unblocks the stuck send).
+// sendWithTimeout runs one stream send (the caller holds the turn); a proxy that does not
+// read within the timeout is cut off, so one slow client cannot hold a push worker: the
+// timer ends the stream's handler, whose return cancels the stream's context, which
+// unblocks the stuck send.
 func (c *Connection) sendWithTimeout(send func() error) error {
 	timeout := c.srv.opts.SendTimeout
 	if timeout <= 0 {
 		return send()
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- send() }()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case err := <-errc:
-		return err
-	case <-t.C:
+	t := time.AfterFunc(timeout, func() {
 		c.srv.metrics.WriteTimeouts.Inc()
 		c.srv.log.Warn("send timed out; closing connection", "conn", c.ID, "timeout", timeout)
+		c.end(errSendTimeout)
+	})
+	err := send()
+	if !t.Stop() {
 		return errSendTimeout
+	}
+	return err
+}
+
+// end asks the stream's handler to return err; the first call wins.
+func (c *Connection) end(err error) {
+	c.endOnce.Do(func() {
+		c.endErr = err
+		close(c.ended)
+	})
+}
+
+// runPush sends a push, in the calling push worker; an error ends the stream.
+func (c *Connection) runPush(ev *pushEvent) {
+	c.turn.Lock()
+	defer c.turn.Unlock()
+	if c.closed {
+		return
+	}
+	if err := c.push(ev); err != nil {
+		c.end(err)
 	}
 }
 
@@ -261,7 +293,7 @@ func (s *Server) newConnection(ctx context.Context, node *core.Node, delta bool)
 	}
 	c := &Connection{
 		ID: fmt.Sprintf("%s-%d", p.ID, s.connSeq.Add(1)), Proxy: p, ConnectedAt: time.Now(), srv: s, delta: delta,
-		pushCh: make(chan *delivery), stopped: make(chan struct{}), watches: map[string]*watch{},
+		stopped: make(chan struct{}), ended: make(chan struct{}), watches: map[string]*watch{},
 	}
 	if w, ok := p.Workload(); ok {
 		c.workload = w
@@ -270,16 +302,24 @@ func (s *Server) newConnection(ctx context.Context, node *core.Node, delta bool)
 	return c, nil
 }
 
+// closeConnection retires a connection whose handler is returning. Its subscriptions are
+// released once the turn is free: a send stuck on the stream holds it until the handler's
+// return cancels the stream.
 func (s *Server) closeConnection(c *Connection) {
 	close(c.stopped)
-	c.mu.Lock()
-	for _, w := range c.watches {
-		s.subs.release(w.sub)
-		c.setSub(w, nil)
-	}
-	c.mu.Unlock()
 	s.queue.Remove(c)
 	s.removeConnection(c)
+	go func() {
+		c.turn.Lock()
+		defer c.turn.Unlock()
+		c.closed = true
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, w := range c.watches {
+			s.subs.release(w.sub)
+			c.setSub(w, nil)
+		}
+	}()
 }
 
 // isClosed reports whether err only means the stream ended.
@@ -314,9 +354,10 @@ type stream[Req any] interface {
 	Recv() (Req, error)
 }
 
-// serve runs one ADS stream: the first request identifies and admits the proxy, then
-// requests (read by their own goroutine, as a blocking Recv cannot be selected on) and pushes
-// are handled one at a time until the stream or the server ends.
+// serve runs one ADS stream: the first request identifies and admits the proxy; then the
+// stream's requests are handled by a reader goroutine (a blocking Recv cannot be selected
+// on, and the handler must stay free to end the stream) and pushes by the push workers,
+// one at a time under the connection's turn, until the stream or the server ends.
 func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req) bool,
 	onRequest func(*Connection, Req) error, onPush func(*Connection, *pushEvent) error) error {
 	first, err := st.Recv()
@@ -333,6 +374,7 @@ func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req)
 	if err != nil {
 		return err
 	}
+	c.push = func(ev *pushEvent) error { return onPush(c, ev) }
 	c.resumed = resumed(first)
 	if c.resumed {
 		if until := s.holdResumed(); !until.IsZero() {
@@ -344,45 +386,37 @@ func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req)
 	s.addConnection(c)
 	defer s.closeConnection(c)
 
-	reqs := make(chan Req)
 	errs := make(chan error, 1)
 	go func() {
-		for {
-			r, err := st.Recv()
-			if err != nil {
+		handle := func(r Req) error {
+			c.turn.Lock()
+			defer c.turn.Unlock()
+			if c.closed {
+				return context.Canceled
+			}
+			return onRequest(c, r)
+		}
+		for r := first; ; {
+			if err := handle(r); err != nil {
 				errs <- err
 				return
 			}
-			select {
-			case reqs <- r:
-			case <-c.stopped:
+			if r, err = st.Recv(); err != nil {
+				errs <- err
 				return
 			}
 		}
 	}()
-	if err := onRequest(c, first); err != nil {
-		return err
-	}
-	for {
-		select {
-		case r := <-reqs:
-			if err := onRequest(c, r); err != nil {
-				return err
-			}
-		case d := <-c.pushCh:
-			err := onPush(c, d.ev)
-			close(d.done)
-			if err != nil {
-				return err
-			}
-		case err := <-errs:
-			if isClosed(err) {
-				return nil
-			}
-			return err
-		case <-s.stop:
+	select {
+	case err := <-errs:
+		if isClosed(err) {
 			return nil
 		}
+		return err
+	case <-c.ended:
+		return c.endErr
+	case <-s.stop:
+		return nil
 	}
 }
 

@@ -53,12 +53,6 @@ func (e *pushEvent) edsClusters() []string {
 	return e.clusters
 }
 
-// delivery hands an event to a connection; done is closed when its push is sent.
-type delivery struct {
-	ev   *pushEvent
-	done chan struct{}
-}
-
 func (e *pushEvent) merge(o *pushEvent) *pushEvent {
 	m := &pushEvent{snap: o.snap, req: e.req.Merge(o.req), queued: e.queued}
 	if o.queued.Before(m.queued) {

@@ -206,7 +206,7 @@ func (s *Server) Run(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.pushWorker(ctx)
+			s.pushWorker()
 		}()
 	}
 	wg.Add(1)
@@ -307,25 +307,14 @@ func servicesOnly(r *push.Request) bool {
 	return true
 }
 
-func (s *Server) pushWorker(ctx context.Context) {
+func (s *Server) pushWorker() {
 	for {
 		c, ev, ok := s.queue.Dequeue()
 		if !ok {
 			return
 		}
 		s.metrics.QueueTime.Observe(time.Since(ev.queued).Seconds())
-		d := &delivery{ev: ev, done: make(chan struct{})}
-		select {
-		case c.pushCh <- d:
-			// The connection closes done when the push is sent, or when it ends.
-			select {
-			case <-d.done:
-			case <-c.stopped:
-			case <-ctx.Done():
-			}
-		case <-c.stopped:
-		case <-ctx.Done():
-		}
+		c.runPush(ev)
 		s.queue.MarkDone(c)
 	}
 }

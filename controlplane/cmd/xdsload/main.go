@@ -236,30 +236,54 @@ func waitAll(ctx context.Context, o options, proxies []*proxy, cond func(*adsc.C
 	var mu sync.Mutex
 	var last time.Time
 	var firstErr error
-	var wg sync.WaitGroup
-	for _, p := range proxies {
-		wg.Add(1)
-		go func(c *adsc.Client) {
-			defer wg.Done()
-			err := c.Wait(ctx, cond)
-			t := time.Now()
-			if ackType != "" {
-				t = c.LastAck(ackType)
-				if ct := c.LastAck(adsc.ClusterType); ct.After(t) {
-					t = ct
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			if t.After(last) {
-				last = t
-			}
-		}(p.c)
+	left := len(proxies)
+	all := make(chan struct{})
+	if left == 0 {
+		close(all)
 	}
-	wg.Wait()
+	// Each client checks cond in its own reader after every response (Notify): no goroutine
+	// per client to wake, which on this machine would compete with the server measured.
+	for _, p := range proxies {
+		c := p.c
+		var once sync.Once
+		check := func() {
+			err := c.Err()
+			if err == nil && !cond(c) {
+				return
+			}
+			once.Do(func() {
+				t := time.Now()
+				if ackType != "" {
+					t = c.LastAck(ackType)
+					if ct := c.LastAck(adsc.ClusterType); ct.After(t) {
+						t = ct
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil && firstErr == nil {
+					firstErr = fmt.Errorf("stream ended: %w", err)
+				}
+				if t.After(last) {
+					last = t
+				}
+				if left--; left == 0 {
+					close(all)
+				}
+			})
+		}
+		defer c.Notify(check)()
+		check()
+	}
+	select {
+	case <-all:
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		return last, ctx.Err()
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	return last, firstErr
 }
 
