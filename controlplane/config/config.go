@@ -70,8 +70,11 @@ func (c *Config) Key() Key { return Key{Kind: c.Kind, Namespace: c.Namespace, Na
 
 // Equal reports whether two configs have the same metadata and spec.
 func (c *Config) Equal(o *Config) bool {
+	if c == o {
+		return true // one config, as sources keep the pointers of unchanged configs
+	}
 	if c == nil || o == nil {
-		return c == o
+		return false
 	}
 	return c.Key() == o.Key() && maps.Equal(c.Labels, o.Labels) &&
 		maps.Equal(c.Annotations, o.Annotations) && proto.Equal(c.Spec, o.Spec)

@@ -173,6 +173,9 @@ func EndpointsEqual(a, b []*Endpoint) bool {
 	}
 	for i := range a {
 		x, y := a[i], b[i]
+		if x == y {
+			continue
+		}
 		if x.Address != y.Address || x.Port != y.Port || x.ServicePort != y.ServicePort || x.Locality != y.Locality ||
 			x.Network != y.Network || x.ServiceAccount != y.ServiceAccount || x.Weight != y.Weight ||
 			x.Health != y.Health || x.Workload != y.Workload || !maps.Equal(x.Labels, y.Labels) {
@@ -184,8 +187,11 @@ func EndpointsEqual(a, b []*Endpoint) bool {
 
 // ServiceEqual compares the parts of two services that shape generated config.
 func ServiceEqual(a, b *Service) bool {
+	if a == b {
+		return true
+	}
 	if a == nil || b == nil {
-		return a == b
+		return false
 	}
 	if a.Hostname != b.Hostname || a.Namespace != b.Namespace || a.Name != b.Name || a.Resolution != b.Resolution ||
 		a.MeshExternal != b.MeshExternal || len(a.Ports) != len(b.Ports) || !slices.Equal(a.Addresses, b.Addresses) ||

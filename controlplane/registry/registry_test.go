@@ -292,3 +292,53 @@ spec:
 	assert.Equal(t, map[string]bool{host("a", "shop"): false, host("a-v1", "shop"): false, host("all", "shop"): false,
 		host("b", "shop"): false, host("a", "other"): false}, has())
 }
+
+// SetConfigs with the unchanged configs' pointers (what the sources pass) keeps those
+// entries' services and endpoints, auto-registered workloads included, and still follows a
+// WorkloadEntry change in the namespace of an entry that selects workloads.
+func TestUnchangedEntriesKeepTheirEndpoints(t *testing.T) {
+	r, rec, _ := newRegistry(t)
+	se := func(name, ns, rest string) string {
+		return "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: " + name + ", namespace: " + ns + "}\n" +
+			"spec: {hosts: [" + name + "." + ns + ".svc.cluster.local], resolution: STATIC, ports: [{number: 80, name: http}], " + rest + "}\n---\n"
+	}
+	we := func(name, ns, app, addr string) string {
+		return "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: " + name + ", namespace: " + ns + "}\n" +
+			"spec: {address: " + addr + ", labels: {app: " + app + "}}\n---\n"
+	}
+	host := func(name, ns string) string { return name + "." + ns + ".svc.cluster.local" }
+	base := parse(t, se("a", "shop", "workloadSelector: {labels: {app: a}}")+se("s", "shop", "endpoints: [{address: 10.9.9.9}]")+
+		se("c", "other", "workloadSelector: {labels: {app: c}}")+we("c1", "other", "c", "10.2.0.1"))
+	vm1 := parse(t, we("vm1", "shop", "a", "10.1.0.1"))
+	r.SetConfigs(append(slices.Clone(base), vm1...))
+	r.SetWorkload(&model.Workload{Name: "w", Namespace: "shop", Labels: map[string]string{"app": "a"}, IPs: []string{"10.0.0.1"}})
+	want := map[string][]string{
+		host("a", "shop"): {"10.0.0.1:80@80", "10.1.0.1:80@80"}, host("s", "shop"): {"10.9.9.9:80@80"}, host("c", "other"): {"10.2.0.1:80@80"},
+	}
+	got := func() map[string][]string {
+		out := map[string][]string{}
+		for h := range want {
+			out[h] = addrs(r.Endpoints(h))
+			slices.Sort(out[h])
+		}
+		return out
+	}
+	require.Equal(t, want, got())
+
+	// An unrelated new entry: only its host changes.
+	extra := parse(t, se("new", "third", "endpoints: [{address: 10.3.0.1}]"))
+	r.SetConfigs(slices.Concat(base, vm1, extra))
+	assert.Equal(t, want, got())
+	ev := rec.all()
+	assert.Equal(t, []string{host("new", "third")}, slices.Sorted(maps.Keys(ev[len(ev)-1].Hosts)))
+
+	// A changed WorkloadEntry in shop: a follows it, the workload stays.
+	r.SetConfigs(slices.Concat(base, parse(t, we("vm1", "shop", "a", "10.1.0.2")), extra))
+	want[host("a", "shop")] = []string{"10.0.0.1:80@80", "10.1.0.2:80@80"}
+	assert.Equal(t, want, got())
+
+	// A new WorkloadEntry in other: c follows it.
+	r.SetConfigs(slices.Concat(base, parse(t, we("vm1", "shop", "a", "10.1.0.2")+we("c2", "other", "c", "10.2.0.2")), extra))
+	want[host("c", "other")] = []string{"10.2.0.1:80@80", "10.2.0.2:80@80"}
+	assert.Equal(t, want, got())
+}

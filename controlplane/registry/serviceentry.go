@@ -35,8 +35,9 @@ type ServiceEntries struct {
 type seEntry struct {
 	cfg      *config.Config
 	spec     *networking.ServiceEntry
-	services []*model.Service
-	pos      int // index in entries
+	defined  []*model.Service // every service of the entry's hosts
+	services []*model.Service // those it owns (a host defined twice goes to the first entry)
+	pos      int              // index in entries
 }
 
 // NewServiceEntries returns an empty registry.
@@ -110,10 +111,20 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 	}
 
 	r.mu.Lock()
+	// An unchanged config (sources keep its pointer) defines the services it did.
+	had := make(map[*config.Config]*seEntry, len(r.entries))
+	for _, e := range r.entries {
+		had[e.cfg] = e
+	}
 	services := map[string]*model.Service{}
 	owner := map[string]*seEntry{}
 	for _, e := range entries {
-		for _, s := range servicesOf(e.cfg, e.spec) {
+		if o := had[e.cfg]; o != nil {
+			e.defined = o.defined
+		} else {
+			e.defined = servicesOf(e.cfg, e.spec)
+		}
+		for _, s := range e.defined {
 			if prev, dup := owner[s.Hostname]; dup {
 				r.log.Warn("host defined by two ServiceEntries; the first wins", "host", s.Hostname, "winner", prev.cfg.Key().String(), "ignored", e.cfg.Key().String())
 				r.metrics.DuplicateServiceHost.Inc()
@@ -138,6 +149,7 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 			selecting[e.cfg.Namespace][k] = append(selecting[e.cfg.Namespace][k], e)
 		}
 	}
+	oldWes := r.wes
 	r.entries, r.selecting, r.wes, r.weByLabel = entries, selecting, wes, indexByLabel(wes)
 	ev := Event{Hosts: map[string]struct{}{}}
 	for h, s := range services {
@@ -155,6 +167,18 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 	r.services, r.owner = services, owner
 	endpoints := map[string][]*model.Endpoint{}
 	for _, e := range entries {
+		// An unchanged entry owning the same services has the endpoints it had, unless it
+		// selects workloads and its namespace's WorkloadEntries changed (auto-registered
+		// workloads update r.endpoints in place as they come and go).
+		if o := had[e.cfg]; o != nil && slices.Equal(o.services, e.services) &&
+			(e.spec.GetWorkloadSelector() == nil || slices.Equal(oldWes[e.cfg.Namespace], wes[e.cfg.Namespace])) {
+			for _, s := range e.services {
+				if eps, ok := r.endpoints[s.Hostname]; ok {
+					endpoints[s.Hostname] = eps
+				}
+			}
+			continue
+		}
 		r.computeEndpoints(e, endpoints)
 	}
 	r.replaceEndpoints(endpoints, nil, ev.Hosts)

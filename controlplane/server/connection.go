@@ -149,8 +149,24 @@ func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly 
 	if !servicesOnly || c.watchesAny(ev) {
 		return true
 	}
+	// What the rest reads (the scope, the namespace) is the same for every proxy of a
+	// shape: judged once per shape.
+	if v, ok := ev.reached[c.shape]; ok {
+		return v
+	}
+	v := c.reaches(ev, prev)
+	if ev.reached == nil {
+		ev.reached = map[string]bool{}
+	}
+	ev.reached[c.shape] = v
+	return v
+}
+
+// reaches reports whether the proxy's scope reaches or routes a host a services-only push
+// changed, before or after it, or whether one is in its namespace.
+func (c *Connection) reaches(ev *pushEvent, prev *push.Snapshot) bool {
 	for _, snap := range []*push.Snapshot{prev, ev.snap} {
-		scope := xds.CachedView(snap, c.Proxy, c.shape).Scope
+		scope := xds.CachedScope(snap, c.Proxy, c.shape)
 		for h := range ev.req.EDSHosts {
 			if scope.Service(h) != nil || scope.RoutesHost(h) {
 				return true

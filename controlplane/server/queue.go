@@ -23,6 +23,8 @@ type pushEvent struct {
 	// watched memoizes watches for the push loop (one goroutine): connections share
 	// subscriptions, so thousands of proxies cost a few set lookups.
 	watched map[*subscription]bool
+	// reached memoizes needsPush's scope test by proxy shape, for the push loop too.
+	reached map[string]bool
 }
 
 // watches reports whether an EDS subscription names any cluster the push changed. Only the

@@ -67,15 +67,24 @@ type viewKey struct{ shape string }
 // CachedView is NewView with the computed part shared by every proxy of the same shape
 // (Shape(p) == shape) within a snapshot.
 func CachedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
-	// EnvoyFilter proxy matches may read the proxy's version and metadata: those in use
-	// extend the shape (usually nothing).
-	shared := snap.Full.Get(viewKey{shape + proxyMatchKey(snap, p)}, func() any { return NewView(snap, p) }).(*View)
+	shared := sharedView(snap, p, shape)
 	if shared.Proxy == p {
 		return shared
 	}
 	v := *shared
 	v.Proxy = p
 	return &v
+}
+
+// CachedScope is the proxy's Scope, as CachedView's, without a view of its own.
+func CachedScope(snap *push.Snapshot, p *model.Proxy, shape string) *Scope {
+	return sharedView(snap, p, shape).Scope
+}
+
+func sharedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
+	// EnvoyFilter proxy matches may read the proxy's version and metadata: those in use
+	// extend the shape (usually nothing).
+	return snap.Full.Get(viewKey{shape + proxyMatchKey(snap, p)}, func() any { return NewView(snap, p) }).(*View)
 }
 
 // NewView computes the proxy's inbound ports and cache key for a snapshot.

@@ -7,10 +7,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -29,6 +31,8 @@ type DocStatus struct {
 	Config string `json:"config,omitempty"`
 	Status string `json:"status"` // "applied", "rejected", "rejected (last good kept)"
 	Error  string `json:"error,omitempty"`
+
+	key *config.Key // Config, rendered when the status is read
 }
 
 // Handler receives the keys of configs that were added, changed or removed.
@@ -46,6 +50,7 @@ type Source struct {
 
 	mu       sync.RWMutex
 	current  map[config.Key]*config.Config
+	sorted   []*config.Config // current, sorted, for List
 	status   []DocStatus
 	lastErrs map[string]bool // rejection messages already logged, so a rescan does not repeat them
 	parsed   map[string]parsedFile
@@ -75,19 +80,20 @@ func (s *Source) AddHandler(h Handler) {
 func (s *Source) List() []*config.Config {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make([]*config.Config, 0, len(s.current))
-	for _, c := range s.current {
-		out = append(out, c)
-	}
-	config.SortConfigs(out)
-	return out
+	return slices.Clone(s.sorted)
 }
 
 // Status returns the per-document status of the latest read.
 func (s *Source) Status() []DocStatus {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return append([]DocStatus(nil), s.status...)
+	out := append([]DocStatus(nil), s.status...)
+	for i := range out {
+		if out[i].key != nil {
+			out[i].Config, out[i].key = out[i].key.String(), nil
+		}
+	}
+	return out
 }
 
 func isConfigFile(name string) bool {
@@ -149,7 +155,7 @@ func (s *Source) Sync() error {
 	}
 	for _, file := range files {
 		rel, _ := filepath.Rel(s.dir, file)
-		data, err := os.ReadFile(file)
+		data, err := readChanged(file, s.parsed[rel].data)
 		if err != nil {
 			// Unreadable now (e.g. mid-rename): keep everything the file provided before.
 			for src, c := range bySource {
@@ -168,10 +174,7 @@ func (s *Source) Sync() error {
 		}
 		parsed[rel] = parsedFile{data: data, docs: docs}
 		for _, d := range docs {
-			st := DocStatus{File: rel, Doc: d.Index}
-			if d.Key != nil {
-				st.Config = d.Key.String()
-			}
+			st := DocStatus{File: rel, Doc: d.Index, key: d.Key}
 			if d.Err != nil {
 				var kept *config.Config
 				kind := ""
@@ -218,6 +221,13 @@ func (s *Source) Sync() error {
 		}
 	}
 	s.current, s.status, s.lastErrs, s.parsed = next, status, errs, parsed
+	if len(changed) > 0 || s.sorted == nil {
+		s.sorted = make([]*config.Config, 0, len(next))
+		for _, c := range next {
+			s.sorted = append(s.sorted, c)
+		}
+		config.SortConfigs(s.sorted)
+	}
 	for k, c := range next {
 		s.lastGood[k] = c
 		s.lastGoodBySrc[c.Source] = c
@@ -242,6 +252,49 @@ func (s *Source) Sync() error {
 		}
 	}
 	return nil
+}
+
+// readChanged reads a file, or returns had when the file holds exactly those bytes: an
+// unchanged file is compared in place, without a copy of it to collect.
+func readChanged(file string, had []byte) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	readAll := func() ([]byte, error) {
+		b := bytes.NewBuffer(make([]byte, 0, fi.Size()+bytes.MinRead))
+		_, err := b.ReadFrom(f)
+		return b.Bytes(), err
+	}
+	if had == nil || fi.Size() != int64(len(had)) {
+		return readAll()
+	}
+	var buf [32 << 10]byte
+	for off := 0; ; {
+		n, err := io.ReadFull(f, buf[:])
+		if n > 0 && (off+n > len(had) || !bytes.Equal(buf[:n], had[off:off+n])) {
+			break // differs (or grew): read it whole
+		}
+		off += n
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			if off == len(had) {
+				return had, nil
+			}
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	return readAll()
 }
 
 // parsedFile remembers a file's bytes and what they parsed to.

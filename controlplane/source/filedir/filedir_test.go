@@ -143,3 +143,37 @@ func TestLastGoodSurvivesAnEmptyReadInBetween(t *testing.T) {
 	require.NoError(t, s.Sync())
 	assert.Empty(t, s.List())
 }
+
+// An unchanged file is recognised without a copy; any change, including one past the first
+// 32 KiB chunk or of the length, is read whole.
+func TestReadChangedKeepsUnchangedBytes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a.yaml")
+	big := make([]byte, 100<<10)
+	for i := range big {
+		big[i] = byte('a' + i%26)
+	}
+	require.NoError(t, os.WriteFile(path, big, 0o644))
+	had, err := readChanged(path, nil)
+	require.NoError(t, err)
+	require.Equal(t, big, had)
+
+	same, err := readChanged(path, had)
+	require.NoError(t, err)
+	assert.Same(t, &had[0], &same[0], "unchanged bytes come back as the slice given")
+
+	for name, edit := range map[string]func([]byte) []byte{
+		"byte in the last chunk":  func(b []byte) []byte { b[len(b)-1] = '!'; return b },
+		"byte in the first chunk": func(b []byte) []byte { b[10] = '!'; return b },
+		"grown":                   func(b []byte) []byte { return append(b, 'x') },
+		"shrunk":                  func(b []byte) []byte { return b[:len(b)-1] },
+	} {
+		want := edit(append([]byte(nil), big...))
+		require.NoError(t, os.WriteFile(path, want, 0o644))
+		got, err := readChanged(path, had)
+		require.NoError(t, err, name)
+		assert.Equal(t, want, got, name)
+	}
+	require.NoError(t, os.Remove(path))
+	_, err = readChanged(path, had)
+	assert.ErrorIs(t, err, os.ErrNotExist)
+}
