@@ -38,10 +38,10 @@ type Connection struct {
 	push func(*pushEvent) error
 	// stopped is closed when the stream's handler ends; ended asks it to end (a send
 	// that timed out), with endErr as the stream's error.
-	stopped  chan struct{}
-	ended    chan struct{}
-	endOnce  sync.Once
-	endErr   error
+	stopped chan struct{}
+	ended   chan struct{}
+	endOnce sync.Once
+	endErr  error
 
 	// turn serializes the connection's work, as one goroutine per stream would without a
 	// hand-off: requests run in the stream's reader, pushes in the push worker that
