@@ -149,8 +149,26 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 			selecting[e.cfg.Namespace][k] = append(selecting[e.cfg.Namespace][k], e)
 		}
 	}
-	oldWes := r.wes
-	r.entries, r.selecting, r.wes, r.weByLabel = entries, selecting, wes, indexByLabel(wes)
+	// Namespaces whose WorkloadEntries are the very configs they were keep their index, and
+	// their entries' endpoints below.
+	weSame := map[string]bool{}
+	for ns := range r.wes {
+		weSame[ns] = slices.Equal(r.wes[ns], wes[ns])
+	}
+	for ns := range wes {
+		if _, ok := r.wes[ns]; !ok {
+			weSame[ns] = false
+		}
+	}
+	byLabel := make(map[string]map[string][]*config.Config, len(wes))
+	for ns, list := range wes {
+		if weSame[ns] {
+			byLabel[ns] = r.weByLabel[ns]
+		} else {
+			byLabel[ns] = indexByLabel(list)
+		}
+	}
+	r.entries, r.selecting, r.wes, r.weByLabel = entries, selecting, wes, byLabel
 	ev := Event{Hosts: map[string]struct{}{}}
 	for h, s := range services {
 		if r.services[h] != s {
@@ -171,7 +189,7 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 		// selects workloads and its namespace's WorkloadEntries changed (auto-registered
 		// workloads update r.endpoints in place as they come and go).
 		if o := had[e.cfg]; o != nil && slices.Equal(o.services, e.services) &&
-			(e.spec.GetWorkloadSelector() == nil || slices.Equal(oldWes[e.cfg.Namespace], wes[e.cfg.Namespace])) {
+			(e.spec.GetWorkloadSelector() == nil || !changedNS(weSame, e.cfg.Namespace)) {
 			for _, s := range e.services {
 				if eps, ok := r.endpoints[s.Hostname]; ok {
 					endpoints[s.Hostname] = eps
@@ -331,19 +349,22 @@ func endpointPort(p model.Port, named map[string]uint32) uint32 {
 // labelKey is one label as an index key (label keys cannot contain a NUL).
 func labelKey(k, v string) string { return k + "\x00" + v }
 
-// indexByLabel indexes WorkloadEntries by each of their labels.
-func indexByLabel(wes map[string][]*config.Config) map[string]map[string][]*config.Config {
-	idx := make(map[string]map[string][]*config.Config, len(wes))
-	for ns, list := range wes {
-		byLabel := map[string][]*config.Config{}
-		for _, c := range list {
-			for k, v := range c.Spec.(*networking.WorkloadEntry).GetLabels() {
-				byLabel[labelKey(k, v)] = append(byLabel[labelKey(k, v)], c)
-			}
+// changedNS reports whether a namespace's WorkloadEntries changed (weSame has every
+// namespace that has or had some).
+func changedNS(weSame map[string]bool, ns string) bool {
+	same, ok := weSame[ns]
+	return ok && !same
+}
+
+// indexByLabel indexes one namespace's WorkloadEntries by each of their labels.
+func indexByLabel(list []*config.Config) map[string][]*config.Config {
+	byLabel := map[string][]*config.Config{}
+	for _, c := range list {
+		for k, v := range c.Spec.(*networking.WorkloadEntry).GetLabels() {
+			byLabel[labelKey(k, v)] = append(byLabel[labelKey(k, v)], c)
 		}
-		idx[ns] = byLabel
 	}
-	return idx
+	return byLabel
 }
 
 // leastLabel is the selector's label with the least key as an index key ("" for an empty
