@@ -6,7 +6,7 @@ package config
 import (
 	"fmt"
 	"maps"
-	"sort"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -82,19 +82,26 @@ func (c *Config) Equal(o *Config) bool {
 
 // SortConfigs orders configs by kind, namespace and name so output is deterministic.
 func SortConfigs(cs []*Config) {
-	sort.Slice(cs, func(i, j int) bool { return KeyLess(cs[i].Key(), cs[j].Key()) })
+	byKey := func(a, b *Config) int { return CompareKeys(a.Key(), b.Key()) }
+	// Lists arrive mostly sorted (a source's list plus what changed): checking is linear.
+	if !slices.IsSortedFunc(cs, byKey) {
+		slices.SortFunc(cs, byKey)
+	}
+}
+
+// CompareKeys orders keys by kind, namespace, name.
+func CompareKeys(a, b Key) int {
+	if c := strings.Compare(string(a.Kind), string(b.Kind)); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
 }
 
 // KeyLess orders keys by kind, namespace, name.
-func KeyLess(a, b Key) bool {
-	if a.Kind != b.Kind {
-		return a.Kind < b.Kind
-	}
-	if a.Namespace != b.Namespace {
-		return a.Namespace < b.Namespace
-	}
-	return a.Name < b.Name
-}
+func KeyLess(a, b Key) bool { return CompareKeys(a, b) < 0 }
 
 // Error is a rejected document: it names the file, the document (1-based) and, when known,
 // the config and the field at fault.

@@ -58,15 +58,26 @@ type Source struct {
 	// position for documents too broken to name) while its file exists, so a rejected
 	// document falls back to it even if a read in between saw the file empty (an editor
 	// truncating before it writes).
-	lastGood      map[config.Key]*config.Config
-	lastGoodBySrc map[string]*config.Config
-	handlers      []Handler
+	lastGood map[string]lastGood // by file
+	handlers []Handler
+}
+
+// lastGood is the last applied version of a file's configs, by key and by source.
+type lastGood struct {
+	byKey    map[config.Key]*config.Config
+	bySource map[string]*config.Config
+}
+
+// sourceFile is the file part of a config's source ("file#document").
+func sourceFile(src string) string {
+	file, _, _ := strings.Cut(src, "#")
+	return file
 }
 
 // New returns a source for dir; call Sync (or Run) to read it.
 func New(dir string, log *slog.Logger, m *metrics.Metrics) *Source {
 	return &Source{dir: dir, log: log.With("scope", "filedir"), metrics: m, current: map[config.Key]*config.Config{}, lastErrs: map[string]bool{}, parsed: map[string]parsedFile{},
-		lastGood: map[config.Key]*config.Config{}, lastGoodBySrc: map[string]*config.Config{}}
+		lastGood: map[string]lastGood{}}
 }
 
 // AddHandler registers h for later changes. Register before Run.
@@ -129,14 +140,21 @@ func (s *Source) Sync() error {
 
 	s.mu.Lock()
 	old := s.current
-	bySource := make(map[string]*config.Config, len(old))
-	for _, c := range old {
-		bySource[c.Source] = c
+	var bySource map[string]*config.Config // the configs in force by source, built when needed
+	oldBySource := func(src string) *config.Config {
+		if bySource == nil {
+			bySource = make(map[string]*config.Config, len(old))
+			for _, c := range old {
+				bySource[c.Source] = c
+			}
+		}
+		return bySource[src]
 	}
 	next := make(map[config.Key]*config.Config, len(old))
-	var status []DocStatus
+	status := make([]DocStatus, 0, len(s.status))
 	errs := map[string]bool{}
-	parsed := map[string]parsedFile{}
+	parsed := make(map[string]parsedFile, len(s.parsed))
+	var fresh []*config.Config // configs in force from files read anew
 	reject := func(st DocStatus, kind string, msg string, kept *config.Config) {
 		st.Error = msg
 		st.Status = "rejected"
@@ -158,8 +176,8 @@ func (s *Source) Sync() error {
 		data, err := readChanged(file, s.parsed[rel].data)
 		if err != nil {
 			// Unreadable now (e.g. mid-rename): keep everything the file provided before.
-			for src, c := range bySource {
-				if strings.HasPrefix(src, rel+"#") {
+			for _, c := range old {
+				if sourceFile(c.Source) == rel {
 					next[c.Key()] = c
 				}
 			}
@@ -167,31 +185,36 @@ func (s *Source) Sync() error {
 			continue
 		}
 		docs := s.parsed[rel].docs
+		reparsed := false
 		if p, ok := s.parsed[rel]; !ok || !bytes.Equal(p.data, data) {
 			// Only files whose bytes changed are parsed again: a change to one file of a
 			// large directory costs that file.
-			docs = config.ParseFile(rel, data)
+			docs, reparsed = config.ParseFile(rel, data), true
 		}
 		parsed[rel] = parsedFile{data: data, docs: docs}
-		for _, d := range docs {
+		lastGood := s.lastGood[rel]
+		for i, d := range docs {
 			st := DocStatus{File: rel, Doc: d.Index, key: d.Key}
 			if d.Err != nil {
 				var kept *config.Config
 				kind := ""
 				if d.Key != nil {
 					kind = string(d.Key.Kind)
-					if c := old[*d.Key]; c != nil && strings.HasPrefix(c.Source, rel+"#") {
+					if c := old[*d.Key]; c != nil && sourceFile(c.Source) == rel {
 						kept = c
-					} else if c := s.lastGood[*d.Key]; c != nil && strings.HasPrefix(c.Source, rel+"#") {
-						kept = c
+					} else {
+						kept = lastGood.byKey[*d.Key]
 					}
 				} else {
-					kept = bySource[fmt.Sprintf("%s#%d", rel, d.Index)]
-					if kept == nil {
-						kept = s.lastGoodBySrc[fmt.Sprintf("%s#%d", rel, d.Index)]
+					src := fmt.Sprintf("%s#%d", rel, d.Index)
+					if kept = oldBySource(src); kept == nil {
+						kept = lastGood.bySource[src]
 					}
 				}
 				reject(st, kind, d.Err.Error(), kept)
+				if reparsed && kept != nil {
+					fresh = append(fresh, kept)
+				}
 				continue
 			}
 			c := d.Config
@@ -199,48 +222,66 @@ func (s *Source) Sync() error {
 				reject(st, string(c.Kind), fmt.Sprintf("%s: document %d (%s): already defined in %s", rel, d.Index, c.Key(), prev.Source), nil)
 				continue
 			}
-			if o := old[c.Key()]; o != nil && o.Equal(c) {
-				c = o // keep the old pointer: unchanged configs compare cheaply downstream
+			if o := old[c.Key()]; o != nil && o != c && o.Source == c.Source && o.Equal(c) {
+				// Keep the old pointer, here and in the parsed document, so unchanged
+				// configs compare cheaply downstream and on the next read.
+				c, docs[i].Config = o, o
 			}
 			next[c.Key()] = c
+			if reparsed {
+				fresh = append(fresh, c)
+			}
 			st.Status = "applied"
 			status = append(status, st)
 		}
 	}
 	changed := map[config.Key]struct{}{}
+	remaining := 0 // keys of old still in force
 	for k, c := range next {
-		if o, ok := old[k]; !ok || (o != c && !o.Equal(c)) {
+		o, ok := old[k]
+		if ok {
+			remaining++
+		}
+		// A config that moved to another file or document changed its source.
+		if !ok || (o != c && (o.Source != c.Source || !o.Equal(c))) {
 			changed[k] = struct{}{}
 			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), eventName(ok)).Inc()
 		}
 	}
 	for k := range old {
+		if remaining == len(old) {
+			break // nothing was removed
+		}
 		if _, ok := next[k]; !ok {
 			changed[k] = struct{}{}
 			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), "delete").Inc()
 		}
 	}
 	s.current, s.status, s.lastErrs, s.parsed = next, status, errs, parsed
-	if len(changed) > 0 || s.sorted == nil {
-		s.sorted = make([]*config.Config, 0, len(next))
-		for _, c := range next {
-			s.sorted = append(s.sorted, c)
-		}
-		config.SortConfigs(s.sorted)
-	}
-	for k, c := range next {
-		s.lastGood[k] = c
-		s.lastGoodBySrc[c.Source] = c
-	}
-	// A deleted file takes its last good versions with it.
-	for k, c := range s.lastGood {
-		if file, _, _ := strings.Cut(c.Source, "#"); parsed[file].data == nil {
-			delete(s.lastGood, k)
+	s.sorted = updateSorted(s.sorted, next, changed)
+	// Remember the last good version of what is in force, by file: what files read anew
+	// provide and what changed (the rest is remembered already). A file that is gone (or
+	// unreadable) takes its last good versions with it.
+	for k := range changed {
+		if c := next[k]; c != nil {
+			fresh = append(fresh, c)
 		}
 	}
-	for src := range s.lastGoodBySrc {
-		if file, _, _ := strings.Cut(src, "#"); parsed[file].data == nil {
-			delete(s.lastGoodBySrc, src)
+	for _, c := range fresh {
+		if next[c.Key()] != c {
+			continue // a duplicate's fallback, not in force
+		}
+		file := sourceFile(c.Source)
+		lg := s.lastGood[file]
+		if lg.byKey == nil {
+			lg = lastGood{byKey: map[config.Key]*config.Config{}, bySource: map[string]*config.Config{}}
+			s.lastGood[file] = lg
+		}
+		lg.byKey[c.Key()], lg.bySource[c.Source] = c, c
+	}
+	for file := range s.lastGood {
+		if parsed[file].data == nil {
+			delete(s.lastGood, file)
 		}
 	}
 	handlers := append([]Handler(nil), s.handlers...)
@@ -252,6 +293,31 @@ func (s *Source) Sync() error {
 		}
 	}
 	return nil
+}
+
+// updateSorted brings sorted, the configs in force before, up to date with next: a few
+// changed keys are replaced, inserted or removed in place, many rebuild the list.
+func updateSorted(sorted []*config.Config, next map[config.Key]*config.Config, changed map[config.Key]struct{}) []*config.Config {
+	if sorted == nil || len(changed) > len(next)/16 {
+		sorted = make([]*config.Config, 0, len(next))
+		for _, c := range next {
+			sorted = append(sorted, c)
+		}
+		config.SortConfigs(sorted)
+		return sorted
+	}
+	for k := range changed {
+		i, found := slices.BinarySearchFunc(sorted, k, func(c *config.Config, k config.Key) int { return config.CompareKeys(c.Key(), k) })
+		switch c, ok := next[k]; {
+		case ok && found:
+			sorted[i] = c
+		case ok:
+			sorted = slices.Insert(sorted, i, c)
+		case found:
+			sorted = slices.Delete(sorted, i, i+1)
+		}
+	}
+	return sorted
 }
 
 // readChanged reads a file, or returns had when the file holds exactly those bytes: an

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,7 +28,7 @@ func se(name string, port int) string {
 		"spec: {hosts: [" + name + ".example.com], ports: [{number: " + strconv.Itoa(port) + ", name: http}]}\n"
 }
 
-func write(t *testing.T, path, data string) {
+func write(t testing.TB, path, data string) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, []byte(data), 0o644))
 }
@@ -176,4 +178,71 @@ func TestReadChangedKeepsUnchangedBytes(t *testing.T) {
 	require.NoError(t, os.Remove(path))
 	_, err = readChanged(path, had)
 	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// A read that changes a few configs of many updates the sorted list in place: it must stay
+// sorted and hold exactly what is in force, with the new versions, and a config that moves
+// to another file is reported with its new source.
+func TestListFollowsSmallChanges(t *testing.T) {
+	dir := t.TempDir()
+	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	var changes []map[config.Key]struct{}
+	s.AddHandler(func(changed map[config.Key]struct{}) { changes = append(changes, changed) })
+	big := func(port int) string {
+		var b strings.Builder
+		for i := range 40 {
+			if i > 0 {
+				b.WriteString("---\n")
+			}
+			p := 80
+			if i == 7 {
+				p = port
+			}
+			b.WriteString(se("svc-"+strconv.Itoa(i), p))
+		}
+		return b.String()
+	}
+	check := func(want ...string) {
+		t.Helper()
+		var names []string
+		for _, c := range s.List() {
+			names = append(names, c.Name)
+		}
+		slices.Sort(want)
+		assert.Equal(t, want, names, "List must be sorted and hold what is in force")
+	}
+	all := func(extra ...string) []string {
+		out := slices.Clone(extra)
+		for i := range 40 {
+			out = append(out, "svc-"+strconv.Itoa(i))
+		}
+		return out
+	}
+	write(t, filepath.Join(dir, "big.yaml"), big(80))
+	require.NoError(t, s.Sync())
+	check(all()...)
+	unchanged := s.List()[0]
+
+	write(t, filepath.Join(dir, "extra.yaml"), se("aaa", 80)) // sorts first
+	require.NoError(t, s.Sync())
+	check(all("aaa")...)
+
+	write(t, filepath.Join(dir, "big.yaml"), big(9090)) // one config of the file changes
+	require.NoError(t, s.Sync())
+	check(all("aaa")...)
+	assert.Equal(t, uint32(9090), portOf(t, s, "svc-7"))
+	assert.Same(t, unchanged, s.List()[1], "an unchanged config of a re-read file keeps its pointer")
+	assert.Equal(t, map[config.Key]struct{}{{Kind: config.ServiceEntry, Namespace: config.DefaultNamespace, Name: "svc-7"}: {}}, changes[len(changes)-1])
+
+	write(t, filepath.Join(dir, "extra.yaml"), se("zzz", 80)) // one out, one in at the end
+	require.NoError(t, s.Sync())
+	check(all("zzz")...)
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "extra.yaml")))
+	write(t, filepath.Join(dir, "moved.yaml"), se("zzz", 80))
+	require.NoError(t, s.Sync())
+	check(all("zzz")...)
+	moved := s.List()[len(s.List())-1]
+	assert.Equal(t, "moved.yaml#1", moved.Source)
+	assert.Contains(t, changes[len(changes)-1], moved.Key(), "a config that moved files is a change of its source")
 }
