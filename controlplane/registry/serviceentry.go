@@ -151,18 +151,20 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 	}
 	// Namespaces whose WorkloadEntries are the very configs they were keep their index, and
 	// their entries' endpoints below.
-	weSame := map[string]bool{}
+	weChanged := map[string]bool{} // namespaces whose WorkloadEntries changed
 	for ns := range r.wes {
-		weSame[ns] = slices.Equal(r.wes[ns], wes[ns])
+		if !slices.Equal(r.wes[ns], wes[ns]) {
+			weChanged[ns] = true
+		}
 	}
 	for ns := range wes {
 		if _, ok := r.wes[ns]; !ok {
-			weSame[ns] = false
+			weChanged[ns] = true
 		}
 	}
 	byLabel := make(map[string]map[string][]*config.Config, len(wes))
 	for ns, list := range wes {
-		if weSame[ns] {
+		if !weChanged[ns] {
 			byLabel[ns] = r.weByLabel[ns]
 		} else {
 			byLabel[ns] = indexByLabel(list)
@@ -189,7 +191,7 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 		// selects workloads and its namespace's WorkloadEntries changed (auto-registered
 		// workloads update r.endpoints in place as they come and go).
 		if o := had[e.cfg]; o != nil && slices.Equal(o.services, e.services) &&
-			(e.spec.GetWorkloadSelector() == nil || !changedNS(weSame, e.cfg.Namespace)) {
+			(e.spec.GetWorkloadSelector() == nil || !weChanged[e.cfg.Namespace]) {
 			for _, s := range e.services {
 				if eps, ok := r.endpoints[s.Hostname]; ok {
 					endpoints[s.Hostname] = eps
@@ -348,13 +350,6 @@ func endpointPort(p model.Port, named map[string]uint32) uint32 {
 
 // labelKey is one label as an index key (label keys cannot contain a NUL).
 func labelKey(k, v string) string { return k + "\x00" + v }
-
-// changedNS reports whether a namespace's WorkloadEntries changed (weSame has every
-// namespace that has or had some).
-func changedNS(weSame map[string]bool, ns string) bool {
-	same, ok := weSame[ns]
-	return ok && !same
-}
 
 // indexByLabel indexes one namespace's WorkloadEntries by each of their labels.
 func indexByLabel(list []*config.Config) map[string][]*config.Config {

@@ -248,13 +248,12 @@ func (s *Source) Sync() error {
 			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), eventName(ok)).Inc()
 		}
 	}
-	for k := range old {
-		if remaining == len(old) {
-			break // nothing was removed
-		}
-		if _, ok := next[k]; !ok {
-			changed[k] = struct{}{}
-			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), "delete").Inc()
+	if remaining < len(old) { // some were removed
+		for k := range old {
+			if _, ok := next[k]; !ok {
+				changed[k] = struct{}{}
+				s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), "delete").Inc()
+			}
 		}
 	}
 	s.current, s.status, s.lastErrs, s.parsed = next, status, errs, parsed
