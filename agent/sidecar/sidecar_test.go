@@ -189,6 +189,13 @@ func TestReadinessTransitions(t *testing.T) {
 
 	require.Eventually(t, r.readyIs(503, "INITIALIZING"), 10*time.Second, 20*time.Millisecond,
 		"a proxy waiting for its first config from discovery is not ready")
+	// The agent's status port answers before the proxy process has opened its 15021
+	// listener (as in a pod, where the probe is refused until Envoy starts); once open,
+	// it must route to the agent and answer the agent's 503.
+	require.Eventually(t, func() bool {
+		code, _ := r.get("/healthz/ready", 15021)
+		return code != 0
+	}, 10*time.Second, 20*time.Millisecond, "the proxy opens its readiness listener")
 	code, _ := r.get("/healthz/ready", 15021)
 	assert.Equal(t, 503, code, "the proxy's readiness listener routes to the agent")
 
