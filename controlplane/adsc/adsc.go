@@ -4,12 +4,15 @@
 //
 // Responses are read from the wire directly (names, and only the bytes the client keeps),
 // so one process can hold thousands of clients; requests are ordinary discovery messages.
+// Dial runs the stream on a grpc-go connection; DialH2 on its own HTTP/2 connection read
+// and written by the client's one goroutine (package h2grpc), for load generation.
 package adsc
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"sort"
 	"sync"
 	"time"
@@ -23,9 +26,10 @@ import (
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/wasmesh/wasmesh/controlplane/h2grpc"
 )
 
 // Type URLs followed by the client.
@@ -42,8 +46,8 @@ type Config struct {
 	Delta bool
 	// Reject, when set, is asked about every response; a non-empty message NACKs it.
 	Reject func(typeURL string, names []string) string
-	// Thin keeps only names (and the bytes of endpoints) and records no names per response,
-	// so one process can hold thousands of clients.
+	// Thin keeps only names (and the bytes of endpoints) and no log of responses (only when
+	// each type was last ACKed), so one process can hold thousands of clients.
 	Thin bool
 	// SkipEDS does not follow clusters with EDS subscriptions.
 	SkipEDS bool
@@ -71,19 +75,24 @@ type Client struct {
 	follows   map[string]*followed         // EDS and RDS subscriptions implied by CDS and LDS
 	gen       uint64
 	log       []Response
-	nonces    map[string]string // latest nonce per type, sent with subscription changes as Envoy does
-	changed   chan struct{}
-	onChange  func() // see Notify
+	nonces    map[string]string    // latest nonce per type, sent with subscription changes as Envoy does
+	changed   chan struct{}        // closed by the next response; made when Wait needs it
+	lastAcks  map[string]time.Time // a thin client's stand-in for its log
+	onChange  func()               // see Notify
 	err       error
 	done      chan struct{}
 
+	tr   transport
 	send func(typ string, nonce, version string, names []string, sub, unsub []string, errMsg string) error
-	// Requests go out through a queue drained by their own goroutine, as Envoy never stops
-	// reading responses to write a request: a reader blocked on a full send window while the
-	// server is blocked sending to it would deadlock the stream.
-	outMu   sync.Mutex
-	out     []func() error
-	outWake chan struct{}
+}
+
+// transport carries one ADS stream. Send must not wait for the server's flow control
+// window, as Envoy never stops reading responses to write a request: a reader blocked on a
+// full send window while the server is blocked sending to it would deadlock the stream.
+type transport interface {
+	// Recv returns the next response's bytes, valid until the next call.
+	Recv() ([]byte, error)
+	Send(proto.Message) error
 }
 
 // entry is what the client keeps of one resource.
@@ -111,20 +120,49 @@ func (f *followed) list() []string {
 	return f.sorted
 }
 
-// Dial opens an ADS stream over conn and starts the client; it stops when ctx ends or the
-// stream fails (Err reports why).
+// Dial opens an ADS stream over a grpc-go connection and starts the client; it stops when
+// ctx ends or the stream fails (Err reports why).
 func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Client, error) {
-	c := &Client{cfg: cfg, resources: map[string]map[string]*entry{}, nonces: map[string]string{},
-		follows: map[string]*followed{EndpointType: {names: map[string]bool{}}, RouteType: {names: map[string]bool{}}},
-		changed: make(chan struct{}), done: make(chan struct{}), outWake: make(chan struct{}, 1)}
-	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
-	codec := grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")})
+	method := adsStream
 	if cfg.Delta {
-		stream, err := ads.DeltaAggregatedResources(ctx, codec)
-		if err != nil {
-			return nil, fmt.Errorf("opening delta ADS stream: %w", err)
-		}
-		first := true
+		method = adsDelta
+	}
+	desc := &grpc.StreamDesc{StreamName: path.Base(method), ServerStreams: true, ClientStreams: true}
+	st, err := conn.NewStream(ctx, desc, method, grpc.ForceCodecV2(rawCodec{proto: encoding.GetCodecV2("proto")}))
+	if err != nil {
+		return nil, fmt.Errorf("opening ADS stream %s: %w", method, err)
+	}
+	return start(newGRPCTransport(st), cfg), nil
+}
+
+// DialH2 opens an ADS stream over its own HTTP/2 connection to addr (plaintext) with
+// h2grpc: the client's reader writes its requests itself and no transport goroutine runs,
+// so a load generator holding thousands of clients costs the machine little beside the
+// server it measures. Cancelling ctx closes the connection.
+func DialH2(ctx context.Context, addr string, cfg Config) (*Client, error) {
+	method := adsStream
+	if cfg.Delta {
+		method = adsDelta
+	}
+	st, err := h2grpc.Dial(ctx, addr, method)
+	if err != nil {
+		return nil, err
+	}
+	return start(&h2Transport{st: st}, cfg), nil
+}
+
+const (
+	adsStream = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+	adsDelta  = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+)
+
+// start runs a client on an open stream: it asks for CDS and LDS and reads responses.
+func start(tr transport, cfg Config) *Client {
+	c := &Client{cfg: cfg, tr: tr, resources: map[string]map[string]*entry{}, nonces: map[string]string{},
+		follows:  map[string]*followed{EndpointType: {names: map[string]bool{}}, RouteType: {names: map[string]bool{}}},
+		lastAcks: map[string]time.Time{}, done: make(chan struct{})}
+	first := true
+	if cfg.Delta {
 		c.send = func(typ, nonce, _ string, _ []string, sub, unsub []string, errMsg string) error {
 			r := &discovery.DeltaDiscoveryRequest{TypeUrl: typ, ResponseNonce: nonce, ResourceNamesSubscribe: sub, ResourceNamesUnsubscribe: unsub}
 			if first {
@@ -133,15 +171,9 @@ func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Clie
 			if errMsg != "" {
 				r.ErrorDetail = &statuspb.Status{Code: 3, Message: errMsg}
 			}
-			return stream.Send(r)
+			return tr.Send(r)
 		}
-		go c.run(func() error { return c.recv(stream, true) })
 	} else {
-		stream, err := ads.StreamAggregatedResources(ctx, codec)
-		if err != nil {
-			return nil, fmt.Errorf("opening ADS stream: %w", err)
-		}
-		first := true
 		c.send = func(typ, nonce, version string, names []string, _, _ []string, errMsg string) error {
 			r := &discovery.DiscoveryRequest{TypeUrl: typ, ResponseNonce: nonce, VersionInfo: version, ResourceNames: names}
 			if first {
@@ -150,47 +182,18 @@ func Dial(ctx context.Context, conn grpc.ClientConnInterface, cfg Config) (*Clie
 			if errMsg != "" {
 				r.ErrorDetail = &statuspb.Status{Code: 3, Message: errMsg}
 			}
-			return stream.Send(r)
+			return tr.Send(r)
 		}
-		go c.run(func() error { return c.recv(stream, false) })
 	}
-	go c.sender()
 	_ = c.request(ClusterType, "", "", nil, nil, nil, "")
 	_ = c.request(ListenerType, "", "", nil, nil, nil, "")
-	return c, nil
+	go c.run(func() error { return c.recv(cfg.Delta) })
+	return c
 }
 
-// request queues a request; it never blocks. A send error ends the sender; the stream's
-// receive side reports the broken stream.
+// request sends a request. A send error is the stream's: the reader reports it.
 func (c *Client) request(typ, nonce, version string, names, sub, unsub []string, errMsg string) error {
-	c.outMu.Lock()
-	c.out = append(c.out, func() error { return c.send(typ, nonce, version, names, sub, unsub, errMsg) })
-	c.outMu.Unlock()
-	select {
-	case c.outWake <- struct{}{}:
-	default:
-	}
-	return nil
-}
-
-// sender writes queued requests in order until the stream ends.
-func (c *Client) sender() {
-	for {
-		select {
-		case <-c.outWake:
-		case <-c.done:
-			return
-		}
-		c.outMu.Lock()
-		batch := c.out
-		c.out = nil
-		c.outMu.Unlock()
-		for _, send := range batch {
-			if send() != nil {
-				return
-			}
-		}
-	}
+	return c.send(typ, nonce, version, names, sub, unsub, errMsg)
 }
 
 func (c *Client) run(loop func() error) {
@@ -218,8 +221,10 @@ func (c *Client) Err() error {
 // notifyLocked wakes Wait and returns the Notify callback, for the caller to run once it
 // has released c.mu.
 func (c *Client) notifyLocked() func() {
-	close(c.changed)
-	c.changed = make(chan struct{})
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
 	return c.onChange
 }
 
@@ -238,26 +243,22 @@ func (c *Client) Notify(fn func()) (stop func()) {
 	}
 }
 
-type receiver interface{ RecvMsg(any) error }
-
 // recv reads responses until the stream ends.
-func (c *Client) recv(stream receiver, delta bool) error {
+func (c *Client) recv(delta bool) error {
 	acked := map[string]string{} // last accepted SotW version per type, sent back on NACK
 	for {
-		var f frame
-		if err := stream.RecvMsg(&f); err != nil {
+		b, err := c.tr.Recv()
+		if err != nil {
 			return err
 		}
-		err := c.handle(&f, delta, acked)
-		f.buf.Free()
-		if err != nil {
+		if err := c.handle(b, delta, acked); err != nil {
 			return err
 		}
 	}
 }
 
-func (c *Client) handle(f *frame, delta bool, acked map[string]string) error {
-	r, items, removed, err := parseResponse(f.buf.ReadOnlyData(), delta)
+func (c *Client) handle(b []byte, delta bool, acked map[string]string) error {
+	r, items, removed, err := parseResponse(b, delta)
 	if err != nil {
 		return err
 	}
@@ -317,7 +318,12 @@ func (c *Client) handle(f *frame, delta bool, acked map[string]string) error {
 
 func (c *Client) record(r Response) {
 	c.mu.Lock()
-	c.log = append(c.log, r)
+	switch {
+	case !c.cfg.Thin:
+		c.log = append(c.log, r)
+	case !r.Nacked:
+		c.lastAcks[r.TypeURL] = r.Acked
+	}
 	fn := c.notifyLocked()
 	c.mu.Unlock()
 	if fn != nil {
@@ -538,7 +544,7 @@ func (c *Client) Raw(typ, name string) []byte {
 	return nil
 }
 
-// Responses returns every response received so far.
+// Responses returns every response received so far (none for a thin client).
 func (c *Client) Responses() []Response {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -549,6 +555,9 @@ func (c *Client) Responses() []Response {
 func (c *Client) Wait(ctx context.Context, cond func(*Client) bool) error {
 	for {
 		c.mu.Lock()
+		if c.changed == nil {
+			c.changed = make(chan struct{})
+		}
 		ch := c.changed
 		err := c.err
 		c.mu.Unlock()
@@ -595,6 +604,9 @@ func (c *Client) Subscribed(typ string) int {
 func (c *Client) LastAck(typ string) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.cfg.Thin {
+		return c.lastAcks[typ]
+	}
 	for i := len(c.log) - 1; i >= 0; i-- {
 		if c.log[i].TypeURL == typ && !c.log[i].Nacked {
 			return c.log[i].Acked
@@ -608,24 +620,7 @@ func (c *Client) TrimLog() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.log = nil
-}
-
-// frame receives a response's bytes undecoded (see rawCodec).
-type frame struct{ buf mem.Buffer }
-
-// rawCodec hands responses to the client as bytes; requests go through proto.
-type rawCodec struct{ proto encoding.CodecV2 }
-
-func (rawCodec) Name() string { return "proto" }
-
-func (c rawCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
-
-func (c rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if f, ok := v.(*frame); ok {
-		f.buf = data.MaterializeToBuffer(mem.DefaultBufferPool())
-		return nil
-	}
-	return c.proto.Unmarshal(data, v)
+	clear(c.lastAcks)
 }
 
 // item is one resource of a response: its name and its encoded message (Any.value).
@@ -668,7 +663,7 @@ func parseResponse(b []byte, delta bool) (Response, []item, []string, error) {
 			}
 			items = append(items, it)
 		case 4:
-			r.TypeURL = string(v)
+			r.TypeURL = typeURL(v)
 		case 5:
 			r.Nonce = string(v)
 		case 6:
@@ -678,6 +673,22 @@ func parseResponse(b []byte, delta bool) (Response, []item, []string, error) {
 		}
 	}
 	return r, items, removed, nil
+}
+
+// typeURL returns the followed types' constants without allocating (map lookups keyed by
+// them then compare equal pointers), other types as new strings.
+func typeURL(b []byte) string {
+	switch string(b) {
+	case ClusterType:
+		return ClusterType
+	case EndpointType:
+		return EndpointType
+	case ListenerType:
+		return ListenerType
+	case RouteType:
+		return RouteType
+	}
+	return string(b)
 }
 
 // parseResource reads an Any (SotW) or a Resource holding an Any (delta).

@@ -119,6 +119,9 @@ func StartLoader(ctx context.Context, bin, addr string, proxies int, delta bool,
 	if delta {
 		args = append(args, "--delta")
 	}
+	if os.Getenv("WASMESH_BENCH_CLIENT") == "grpc-go" {
+		args = append(args, "--grpc-go") // the clients on grpc-go, to compare with h2grpc
+	}
 	if p := os.Getenv("WASMESH_BENCH_LOADPROFILE"); p != "" {
 		args = append(args, "--cpuprofile", p)
 	}
@@ -156,6 +159,24 @@ func (l *Loader) line() (string, error) {
 		return "", io.ErrUnexpectedEOF
 	}
 	return l.stdout.Text(), nil
+}
+
+// CPU is the CPU time the load client has used so far (Linux; zero elsewhere), at the
+// kernel's clock tick resolution (10 ms).
+func (l *Loader) CPU() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", l.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which is in parentheses): state is field 3, utime
+	// and stime are fields 14 and 15, in ticks of 1/100 s (USER_HZ).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // Wait sends a wait command and returns the time of the last ACK.

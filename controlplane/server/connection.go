@@ -49,6 +49,10 @@ type Connection struct {
 	// stream has ended.
 	turn   sync.Mutex
 	closed bool
+	// sendTimer ends the connection when a send takes longer than SendTimeout: one timer,
+	// re-armed for each send (under turn); sendTimedOut once it has fired.
+	sendTimer    *time.Timer
+	sendTimedOut bool
 
 	mu      sync.Mutex
 	watches map[string]*watch
@@ -212,13 +216,21 @@ func (c *Connection) sendWithTimeout(send func() error) error {
 	if timeout <= 0 {
 		return send()
 	}
-	t := time.AfterFunc(timeout, func() {
-		c.srv.metrics.WriteTimeouts.Inc()
-		c.srv.log.Warn("send timed out; closing connection", "conn", c.ID, "timeout", timeout)
-		c.end(errSendTimeout)
-	})
+	switch {
+	case c.sendTimedOut:
+		return errSendTimeout
+	case c.sendTimer == nil:
+		c.sendTimer = time.AfterFunc(timeout, func() {
+			c.srv.metrics.WriteTimeouts.Inc()
+			c.srv.log.Warn("send timed out; closing connection", "conn", c.ID, "timeout", timeout)
+			c.end(errSendTimeout)
+		})
+	default:
+		c.sendTimer.Reset(timeout)
+	}
 	err := send()
-	if !t.Stop() {
+	if !c.sendTimer.Stop() {
+		c.sendTimedOut = true
 		return errSendTimeout
 	}
 	return err

@@ -10,6 +10,9 @@
 //	                           only (the answer counts them)
 //
 //	profile start <file>       start a CPU profile of this process (profile stop ends it)
+//	gc                         collect this process's garbage now, so that collecting the
+//	                           responses of earlier changes does not fall into the next
+//	                           measurement (the clients hold gigabytes at 2000 proxies)
 //
 // Each command answers "done <unix-nanos of the last ACK> <clients>" or "error <message>";
 // the last ACK is the latest among all clients, so clients a change does not concern add
@@ -23,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -51,6 +55,8 @@ type options struct {
 	timeout time.Duration
 	dialers int
 	profile string
+	// grpcGo runs the clients on grpc-go connections instead of h2grpc streams.
+	grpcGo bool
 	// namespaces spreads the proxies over bench.ClientNamespace(0..n-1), round robin; 0
 	// keeps them all in "load".
 	namespaces int
@@ -84,14 +90,22 @@ func newCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
 	cmd.Flags().IntVar(&o.dialers, "dialers", 50, "connections opened concurrently")
 	cmd.Flags().StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of the load client here")
+	cmd.Flags().BoolVar(&o.grpcGo, "grpc-go", false, "run the clients on grpc-go (four goroutines and their hand-offs per client) instead of h2grpc (one)")
 	cmd.Flags().IntVar(&o.namespaces, "namespaces", 0, "spread the proxies over this many client namespaces (0: all in \"load\")")
 	return cmd
 }
 
 type proxy struct {
-	cc *grpc.ClientConn
-	c  *adsc.Client
-	ns string
+	close func() error
+	c     *adsc.Client
+	ns    string
+}
+
+// configured holds once a client has clusters and listeners and every endpoint assignment
+// and route configuration they name.
+func configured(c *adsc.Client) bool {
+	return c.Count(adsc.ClusterType) > 0 && c.Count(adsc.ListenerType) > 0 &&
+		c.Count(adsc.EndpointType) == c.Subscribed(adsc.EndpointType) && c.Count(adsc.RouteType) == c.Subscribed(adsc.RouteType)
 }
 
 func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
@@ -101,6 +115,17 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	proxies := make([]*proxy, o.proxies)
+	defer func() {
+		for _, p := range proxies {
+			if p != nil {
+				p.close()
+			}
+		}
+	}()
+	// A dialer's slot is free again once its client holds its first config: at most
+	// o.dialers clients take their initial config at a time, so none waits for the CPU long
+	// enough for the server to give up on it (a client that does not read for the keepalive
+	// timeout is cut by the kernel, TCP_USER_TIMEOUT), as Envoys starting in a rollout.
 	var wg sync.WaitGroup
 	errs := make(chan error, o.proxies)
 	sem := make(chan struct{}, o.dialers)
@@ -111,28 +136,20 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 			defer wg.Done()
 			defer func() { <-sem }()
 			p, err := connect(ctx, o, i)
+			if err == nil {
+				proxies[i] = p
+				wctx, cancel := context.WithTimeout(ctx, o.timeout)
+				err = p.c.Wait(wctx, configured)
+				cancel()
+			}
 			if err != nil {
 				errs <- err
-				return
 			}
-			proxies[i] = p
 		}(i)
 	}
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		fmt.Fprintf(out, "error %v\n", err)
-		return err
-	}
-	defer func() {
-		for _, p := range proxies {
-			p.cc.Close()
-		}
-	}()
-	if _, err := waitAll(ctx, o, proxies, func(c *adsc.Client) bool {
-		return c.Count(adsc.ClusterType) > 0 && c.Count(adsc.ListenerType) > 0 &&
-			c.Count(adsc.EndpointType) == c.Subscribed(adsc.EndpointType) && c.Count(adsc.RouteType) == c.Subscribed(adsc.RouteType)
-	}, ""); err != nil {
 		fmt.Fprintf(out, "error %v\n", err)
 		return err
 	}
@@ -162,6 +179,10 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 			pprof.StopCPUProfile()
 			fmt.Fprintln(out, "done 0 0")
 			continue
+		case len(f) == 1 && f[0] == "gc":
+			runtime.GC()
+			fmt.Fprintln(out, "done 0 0")
+			continue
 		case (len(f) == 2 || len(f) == 3) && f[0] == "cluster":
 			name := f[1]
 			cond = func(c *adsc.Client) bool { return c.Has(adsc.ClusterType, name) && c.Has(adsc.EndpointType, name) }
@@ -175,10 +196,10 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 				counted = func(c *adsc.Client) bool { return inNS[c] }
 			}
 		case len(f) == 3 && f[0] == "endpoint":
-			cluster, addr := f[1], f[2]
+			cluster, addr := f[1], endpointPattern(f[2])
 			cond = func(c *adsc.Client) bool { return hasEndpoint(c, cluster, addr) }
 		case len(f) == 3 && f[0] == "endpoint-watchers":
-			cluster, addr := f[1], f[2]
+			cluster, addr := f[1], endpointPattern(f[2])
 			cond = func(c *adsc.Client) bool { return !c.Has(adsc.EndpointType, cluster) || hasEndpoint(c, cluster, addr) }
 			counted = func(c *adsc.Client) bool { return c.Has(adsc.EndpointType, cluster) }
 		default:
@@ -205,6 +226,22 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 }
 
 func connect(ctx context.Context, o options, i int) (*proxy, error) {
+	ns, id := "load", bench.NodeID(i)
+	if o.namespaces > 0 {
+		ns = bench.ClientNamespace(i % o.namespaces)
+		id = bench.NodeIDIn(i, ns)
+	}
+	md, _ := structpb.NewStruct(map[string]any{"NAMESPACE": ns, "ISTIO_VERSION": "load"})
+	cfg := adsc.Config{Node: &core.Node{Id: id, Metadata: md, Cluster: "load." + ns}, Delta: o.delta, Thin: true}
+	if !o.grpcGo {
+		ctx, cancel := context.WithCancel(ctx)
+		c, err := adsc.DialH2(ctx, o.addr, cfg)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		return &proxy{close: func() error { cancel(); return nil }, c: c, ns: ns}, nil
+	}
 	// Large fixed windows, as Envoy uses (its default stream window is 256 MiB): no
 	// bandwidth probing and few window updates.
 	cc, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -213,19 +250,12 @@ func connect(ctx context.Context, o options, i int) (*proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, id := "load", bench.NodeID(i)
-	if o.namespaces > 0 {
-		ns = bench.ClientNamespace(i % o.namespaces)
-		id = bench.NodeIDIn(i, ns)
-	}
-	md, _ := structpb.NewStruct(map[string]any{"NAMESPACE": ns, "ISTIO_VERSION": "load"})
-	node := &core.Node{Id: id, Metadata: md, Cluster: "load." + ns}
-	c, err := adsc.Dial(ctx, cc, adsc.Config{Node: node, Delta: o.delta, Thin: true})
+	c, err := adsc.Dial(ctx, cc, cfg)
 	if err != nil {
 		cc.Close()
 		return nil, err
 	}
-	return &proxy{cc: cc, c: c, ns: ns}, nil
+	return &proxy{close: cc.Close, c: c, ns: ns}, nil
 }
 
 // waitAll waits for cond on every client and returns the latest ACK among them of ackType
@@ -287,10 +317,14 @@ func waitAll(ctx context.Context, o options, proxies []*proxy, cond func(*adsc.C
 	return last, firstErr
 }
 
-// hasEndpoint looks for the address on the wire: SocketAddress.address is field 2, a string,
-// so an endpoint with addr carries the bytes 0x12, len(addr), addr. Thousands of clients
+// endpointPattern is how an address looks on the wire: SocketAddress.address is field 2, a
+// string, so an endpoint with addr carries the bytes 0x12, len(addr), addr.
+func endpointPattern(addr string) []byte {
+	return append([]byte{0x12, byte(len(addr))}, addr...)
+}
+
+// hasEndpoint looks for an endpointPattern in a cluster's assignment. Thousands of clients
 // check after every response; decoding each assignment would dominate the measurement.
-func hasEndpoint(c *adsc.Client, cluster, addr string) bool {
-	pattern := append([]byte{0x12, byte(len(addr))}, addr...)
+func hasEndpoint(c *adsc.Client, cluster string, pattern []byte) bool {
 	return bytes.Contains(c.Raw(adsc.EndpointType, cluster), pattern)
 }

@@ -74,10 +74,11 @@ func (r *loadRun) ask(command string) string {
 }
 
 // TestLoadClientsReportConvergence drives the command's loop against a real discovery:
-// ready, a new service, a new endpoint.
+// ready, a new service, a new endpoint; SotW and Delta, on h2grpc and on grpc-go.
 func TestLoadClientsReportConvergence(t *testing.T) {
-	for _, delta := range []bool{false, true} {
-		r := startLoad(t, bench.ServiceEntries(3), options{proxies: 5, delta: delta})
+	for _, o := range []options{{delta: false}, {delta: true}, {delta: false, grpcGo: true}, {delta: true, grpcGo: true}} {
+		o.proxies = 5
+		r := startLoad(t, bench.ServiceEntries(3), o)
 		assert.Equal(t, "ready", r.next())
 
 		require.NoError(t, os.WriteFile(filepath.Join(r.dir, "new.yaml"), []byte(bench.ServiceEntry(7)), 0o644))
