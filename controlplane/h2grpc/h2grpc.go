@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"net"
 	"strconv"
 	"strings"
@@ -80,7 +81,7 @@ func Dial(ctx context.Context, addr, method string) (*Stream, error) {
 	}
 	s := &Stream{conn: conn, bw: bufio.NewWriterSize(conn, 4<<10),
 		sendWin: 65535, connWin: 65535, initWin: 65535, maxFrame: 16384}
-	s.fr = http2.NewFramer(s.bw, bufio.NewReaderSize(conn, 16<<10))
+	s.fr = http2.NewFramer(s.bw, bufio.NewReaderSize(conn, 64<<10))
 	s.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	s.fr.MaxHeaderListSize = 1 << 20
 	s.fr.SetReuseFrames()
@@ -177,6 +178,7 @@ func (s *Stream) Recv() ([]byte, error) {
 	if s.released {
 		s.released = false
 		if cap(s.pend) > keepSize {
+			putBuffer(s.pend)
 			s.pend = nil
 		}
 	}
@@ -242,6 +244,7 @@ func (s *Stream) handle(f http2.Frame) error {
 		if !s.headers {
 			return status.Error(codes.Internal, "DATA before the response headers")
 		}
+		s.reserve(f.Data())
 		s.pend = append(s.pend, f.Data()...)
 		s.ended = s.ended || f.StreamEnded()
 	case *http2.MetaHeadersFrame:
@@ -296,6 +299,50 @@ func (s *Stream) handle(f http2.Frame) error {
 		}
 	}
 	return nil
+}
+
+// reserve makes room in pend for the whole message being assembled once its length is known
+// (the first 5 bytes, in pend or in data): growing by append as frames arrive would copy a
+// large message several times over.
+func (s *Stream) reserve(data []byte) {
+	var hdr [5]byte
+	if n := copy(hdr[:], s.pend); n < 5 && copy(hdr[n:], data) < 5-n {
+		return
+	}
+	need := 5 + int(binary.BigEndian.Uint32(hdr[1:]))
+	if need > 5+maxMessage || cap(s.pend) >= need || need <= keepSize {
+		return
+	}
+	grown := getBuffer(need)[:len(s.pend)]
+	copy(grown, s.pend)
+	if cap(s.pend) > keepSize {
+		putBuffer(s.pend)
+	}
+	s.pend = grown
+}
+
+// Large message buffers are shared by all streams of the process, by power-of-two size
+// class: thousands of clients taking the same large response one after another reuse a few
+// buffers instead of allocating (and clearing) one each.
+var buffers [32]sync.Pool
+
+func sizeClass(n int) int { return bits.Len(uint(n - 1)) }
+
+func getBuffer(n int) []byte {
+	c := sizeClass(n)
+	if b, ok := buffers[c].Get().(*[]byte); ok {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, 1<<c)
+}
+
+func putBuffer(b []byte) {
+	c := sizeClass(cap(b))
+	if cap(b) != 1<<c {
+		return // not one of ours
+	}
+	b = b[:0]
+	buffers[c].Put(&b)
 }
 
 // setting applies one of the server's settings (caller holds wmu).

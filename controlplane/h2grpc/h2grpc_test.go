@@ -135,8 +135,7 @@ func TestLargeResponsesGiveTheWindowBack(t *testing.T) {
 		got, err := s.Recv()
 		require.NoError(t, err)
 		require.Len(t, got, size)
-		require.Equal(t, byte('a'+i), got[0])
-		require.Equal(t, byte('a'+i), got[size-1])
+		require.Equal(t, size, bytes.Count(got, []byte{byte('a' + i)}), "message %d holds its own bytes only", i)
 	}
 	require.NoError(t, s.Send([]byte("echo after")))
 	got, err := s.Recv()
