@@ -82,7 +82,8 @@ type Client struct {
 	err       error
 	done      chan struct{}
 
-	tr   transport
+	tr transport
+	// send writes a request; an error is the stream's, which the reader reports.
 	send func(typ string, nonce, version string, names []string, sub, unsub []string, errMsg string) error
 }
 
@@ -185,15 +186,10 @@ func start(tr transport, cfg Config) *Client {
 			return tr.Send(r)
 		}
 	}
-	_ = c.request(ClusterType, "", "", nil, nil, nil, "")
-	_ = c.request(ListenerType, "", "", nil, nil, nil, "")
+	_ = c.send(ClusterType, "", "", nil, nil, nil, "")
+	_ = c.send(ListenerType, "", "", nil, nil, nil, "")
 	go c.run(func() error { return c.recv(cfg.Delta) })
 	return c
-}
-
-// request sends a request. A send error is the stream's: the reader reports it.
-func (c *Client) request(typ, nonce, version string, names, sub, unsub []string, errMsg string) error {
-	return c.send(typ, nonce, version, names, sub, unsub, errMsg)
 }
 
 func (c *Client) run(loop func() error) {
@@ -279,9 +275,9 @@ func (c *Client) handle(b []byte, delta bool, acked map[string]string) error {
 			r.Nacked = true
 			c.record(r)
 			if delta {
-				return c.request(typ, r.Nonce, "", nil, nil, nil, msg)
+				return c.send(typ, r.Nonce, "", nil, nil, nil, msg)
 			}
-			return c.request(typ, r.Nonce, acked[typ], c.subscription(typ), nil, nil, msg)
+			return c.send(typ, r.Nonce, acked[typ], c.subscription(typ), nil, nil, msg)
 		}
 	}
 	replaceAll := !delta && (typ == ClusterType || typ == ListenerType)
@@ -291,10 +287,10 @@ func (c *Client) handle(b []byte, delta bool, acked map[string]string) error {
 	c.mu.Unlock()
 	r.Acked = time.Now()
 	if delta {
-		err = c.request(typ, r.Nonce, "", nil, nil, nil, "")
+		err = c.send(typ, r.Nonce, "", nil, nil, nil, "")
 	} else {
 		acked[typ] = r.Version
-		err = c.request(typ, r.Nonce, r.Version, c.subscription(typ), nil, nil, "")
+		err = c.send(typ, r.Nonce, r.Version, c.subscription(typ), nil, nil, "")
 	}
 	if err != nil {
 		return err
@@ -305,9 +301,9 @@ func (c *Client) handle(b []byte, delta bool, acked map[string]string) error {
 		nonce := c.nonces[fu.typ]
 		c.mu.Unlock()
 		if delta {
-			err = c.request(fu.typ, "", "", nil, fu.sub, fu.unsub, "")
+			err = c.send(fu.typ, "", "", nil, fu.sub, fu.unsub, "")
 		} else {
-			err = c.request(fu.typ, nonce, acked[fu.typ], fu.names, nil, nil, "")
+			err = c.send(fu.typ, nonce, acked[fu.typ], fu.names, nil, nil, "")
 		}
 		if err != nil {
 			return err
