@@ -57,14 +57,17 @@ type Input struct {
 // Params is the data a bootstrap template is executed with. A custom template may use
 // any of these fields; the default template (envoy_bootstrap.json.tmpl) uses them all.
 type Params struct {
-	NodeID            string
-	Cluster           string
-	Metadata          map[string]any
-	AdminAddress      string
-	AdminPort         int
-	DiscoveryHost     string
-	DiscoveryPort     int
-	DiscoveryIsIP     bool
+	NodeID        string
+	Cluster       string
+	Metadata      map[string]any
+	AdminAddress  string
+	AdminPort     int
+	DiscoveryHost string
+	DiscoveryPort int
+	DiscoveryIsIP bool
+	// XDSAPIType is the ADS api_type: DELTA_GRPC, or GRPC (State of the World) when
+	// ISTIO_DELTA_XDS=false, as Istio since 1.22.
+	XDSAPIType        string
 	Wildcard          string
 	Localhost         string
 	ReadinessPort     int
@@ -123,6 +126,17 @@ func NewParams(in Input) (*Params, error) {
 	}
 	if in.InstanceIP != "" && net.ParseIP(in.InstanceIP) == nil {
 		return nil, fmt.Errorf("INSTANCE_IP: %q is not an IP address", in.InstanceIP)
+	}
+
+	apiType := "DELTA_GRPC"
+	if v := env["ISTIO_DELTA_XDS"]; v != "" {
+		delta, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("ISTIO_DELTA_XDS: %q is not a boolean", v)
+		}
+		if !delta {
+			apiType = "GRPC"
+		}
 	}
 
 	mode := "REDIRECT"
@@ -202,6 +216,7 @@ func NewParams(in Input) (*Params, error) {
 		DiscoveryHost:     host,
 		DiscoveryPort:     port,
 		DiscoveryIsIP:     net.ParseIP(host) != nil,
+		XDSAPIType:        apiType,
 		Wildcard:          in.Wildcard,
 		Localhost:         in.Localhost,
 		ReadinessPort:     in.ReadinessPort,

@@ -139,6 +139,9 @@ func TestBadInputNamesIt(t *testing.T) {
 			in.Env = []string{"ISTIO_META_POD_PORTS=8080"}
 		}, "ISTIO_META_POD_PORTS"},
 		"bad localhost": {func(in *Input) { in.Localhost = "localhost" }, "WASMESH_LOCALHOST"},
+		"bad delta switch": {func(in *Input) {
+			in.Env = []string{"ISTIO_DELTA_XDS=sometimes"}
+		}, "ISTIO_DELTA_XDS"},
 		"bad discovery address": {func(in *Input) {
 			in.ProxyConfig.DiscoveryAddress = "istiod"
 		}, "discovery address"},
