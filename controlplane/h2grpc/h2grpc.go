@@ -35,8 +35,9 @@ const (
 	// recvWindow is the window offered to the server, per stream and per connection: large
 	// and fixed, as Envoy's (256 MiB by default), so responses never wait for an update.
 	recvWindow = 16 << 20
-	// keepSize is the largest message buffer kept between messages; bigger ones (a first
-	// CDS response) are dropped so thousands of idle streams do not hold them.
+	// keepSize is the largest message buffer a stream keeps between messages; bigger ones
+	// (a CDS response) go back to the shared pool so thousands of idle streams do not each
+	// hold one.
 	keepSize = 64 << 10
 	// maxMessage bounds a response, as grpc-go's MaxCallRecvMsgSize does.
 	maxMessage = 64 << 20

@@ -162,7 +162,6 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 		f := strings.Fields(sc.Text())
 		var cond func(*adsc.Client) bool
 		counted := func(*adsc.Client) bool { return true } // the clients the answer counts
-		ackType := adsc.EndpointType
 		switch {
 		case len(f) == 3 && f[0] == "profile" && f[1] == "start":
 			pf, err := os.Create(f[2])
@@ -206,7 +205,7 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 			fmt.Fprintf(out, "error unknown command %q\n", sc.Text())
 			continue
 		}
-		last, err := waitAll(ctx, o, proxies, cond, ackType)
+		last, err := waitAll(ctx, o, proxies, cond)
 		if err != nil {
 			fmt.Fprintf(out, "error %v\n", err)
 			continue
@@ -258,9 +257,8 @@ func connect(ctx context.Context, o options, i int) (*proxy, error) {
 	return &proxy{close: cc.Close, c: c, ns: ns}, nil
 }
 
-// waitAll waits for cond on every client and returns the latest ACK among them of ackType
-// (or now, when ackType is empty).
-func waitAll(ctx context.Context, o options, proxies []*proxy, cond func(*adsc.Client) bool, ackType string) (time.Time, error) {
+// waitAll waits for cond on every client and returns the latest EDS or CDS ACK among them.
+func waitAll(ctx context.Context, o options, proxies []*proxy, cond func(*adsc.Client) bool) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	var mu sync.Mutex
@@ -282,12 +280,9 @@ func waitAll(ctx context.Context, o options, proxies []*proxy, cond func(*adsc.C
 				return
 			}
 			once.Do(func() {
-				t := time.Now()
-				if ackType != "" {
-					t = c.LastAck(ackType)
-					if ct := c.LastAck(adsc.ClusterType); ct.After(t) {
-						t = ct
-					}
+				t := c.LastAck(adsc.EndpointType)
+				if ct := c.LastAck(adsc.ClusterType); ct.After(t) {
+					t = ct
 				}
 				mu.Lock()
 				defer mu.Unlock()
