@@ -53,12 +53,11 @@ type Stream struct {
 	stop func() bool // unregisters the context's close
 
 	// Receiving (Recv's goroutine only).
-	pend     []byte // bytes of messages received but not returned yet
-	unacked  uint32 // DATA bytes consumed since the last window update
-	ended    bool   // the server ended the stream
-	headers  bool   // response headers seen
-	grpcErr  error  // status from the trailers (nil for OK)
-	released bool   // pend's storage was returned by the last Recv and may be reused
+	pend    []byte // bytes of messages received but not returned yet
+	unacked uint32 // DATA bytes consumed since the last window update
+	ended   bool   // the server ended the stream
+	headers bool   // response headers seen
+	grpcErr error  // status from the trailers (nil for OK)
 
 	// Sending and every write (Send and Recv's control replies).
 	wmu      sync.Mutex
@@ -176,12 +175,11 @@ func (s *Stream) write(f func() error) error {
 // Recv returns the next message. The bytes are valid until the next call. At the end of
 // the stream it returns io.EOF for an OK status and a gRPC status error otherwise.
 func (s *Stream) Recv() ([]byte, error) {
-	if s.released {
-		s.released = false
-		if cap(s.pend) > keepSize {
-			putBuffer(s.pend)
-			s.pend = nil
-		}
+	// An empty pend holds at most the message the last call returned, no longer in use:
+	// a large buffer goes back to the pool.
+	if len(s.pend) == 0 && cap(s.pend) > keepSize {
+		putBuffer(s.pend)
+		s.pend = nil
 	}
 	for {
 		if msg, ok, err := s.next(); err != nil || ok {
@@ -225,7 +223,6 @@ func (s *Stream) next() ([]byte, bool, error) {
 	rest := s.pend[5+n:]
 	if len(rest) == 0 {
 		s.pend = s.pend[:0]
-		s.released = true
 	} else {
 		// The caller holds msg until the next call: keep the rest in new storage.
 		s.pend = append([]byte(nil), rest...)
