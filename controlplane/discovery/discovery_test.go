@@ -27,6 +27,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/adsc"
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 )
@@ -134,6 +135,18 @@ func has(typ string, names ...string) func(*adsc.Client) bool {
 			}
 		}
 		return true
+	}
+}
+
+// hasEndpointIP reports whether the client's assignment for cluster has an endpoint at ip.
+func hasEndpointIP(cluster, ip string) func(*adsc.Client) bool {
+	return func(c *adsc.Client) bool {
+		for _, a := range endpointsOf(c, cluster) {
+			if strings.HasPrefix(a, ip+":") {
+				return true
+			}
+		}
+		return false
 	}
 }
 
@@ -344,6 +357,15 @@ spec: {hosts: [%s.%s.svc.cluster.local], resolution: STATIC, ports: [{number: %d
 	settled(base, 1)
 	assert.NotContains(t, sc.Names(adsc.ClusterType), "outbound|9090||other.other.svc.cluster.local")
 
+	// An endpoint of a service it watches still reaches it, though the last full push
+	// passed it by: its view of that snapshot is first made for this endpoints-only one,
+	// and must read this one's endpoints (a view shared from the full snapshot did not).
+	e.d.Entries.SetWorkload(&model.Workload{Name: "backend-9", Namespace: "demo", Labels: map[string]string{"app": "backend"}, IPs: []string{"127.10.9.11"}})
+	wait(t, sc, hasEndpointIP(backendCluster, "127.10.9.11"))
+	wait(t, fe, hasEndpointIP(backendCluster, "127.10.9.11"))
+	settled(base+1, 2)
+	base += 2
+
 	// In the scoped proxy's namespace: both are pushed, though it does not import it.
 	e.write("local.yaml", serviceIn("local", "scoped", 9091))
 	wait(t, fe, has(adsc.ClusterType, "outbound|9091||local.scoped.svc.cluster.local"))
@@ -366,6 +388,25 @@ spec: {hosts: [api.partner.example], location: MESH_EXTERNAL, resolution: DNS, p
 	wait(t, sc, has(adsc.ClusterType, "outbound|9083||backend.demo.svc.cluster.local"))
 	wait(t, fe, has(adsc.ClusterType, "outbound|9083||backend.demo.svc.cluster.local"))
 	settled(base+3, 2)
+
+	// An endpoints-only change pushes the proxies that watch the cluster: the unscoped one.
+	e.write("selected.yaml", `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: selected, namespace: other}
+spec:
+  hosts: [selected.other.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 9094, name: http}]
+  workloadSelector: {labels: {app: selected}}
+`)
+	wait(t, fe, has(adsc.ClusterType, "outbound|9094||selected.other.svc.cluster.local"))
+	settled(base+5, 1)
+	e.d.Entries.SetWorkload(&model.Workload{Name: "selected-1", Namespace: "other", Labels: map[string]string{"app": "selected"}, IPs: []string{"127.10.9.10"}})
+	wait(t, fe, hasEndpointIP("outbound|9094||selected.other.svc.cluster.local", "127.10.9.10"))
+	settled(base+6, 1)
+	base += 2
+	assert.NotContains(t, sc.Names(adsc.EndpointType), "outbound|9094||selected.other.svc.cluster.local")
 
 	// Any other kind of change pushes every proxy.
 	e.write("dr.yaml", `

@@ -65,14 +65,16 @@ func Shape(p *model.Proxy) string {
 type viewKey struct{ shape string }
 
 // CachedView is NewView with the computed part shared by every proxy of the same shape
-// (Shape(p) == shape) within a snapshot.
+// (Shape(p) == shape) within a snapshot and the endpoints-only snapshots built on it. The
+// shared part may have been computed through an earlier of those snapshots: the view
+// returned always reads snap (its endpoints), never that one.
 func CachedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
 	shared := sharedView(snap, p, shape)
-	if shared.Proxy == p {
+	if shared.Proxy == p && shared.Snapshot == snap {
 		return shared
 	}
 	v := *shared
-	v.Proxy = p
+	v.Proxy, v.Snapshot = p, snap
 	return &v
 }
 
