@@ -52,13 +52,12 @@ func defaultCacheDir() string {
 
 // onSnapshot logs each configuration problem the first time it is found in a snapshot.
 func (d *Discovery) onSnapshot(snap *push.Snapshot) {
-	log := d.log.With("scope", "extensions")
 	xds.ReportTo(snap, func(p *xds.Problem) {
 		args := []any{"config", p.Source.String(), "resource", p.Resource, "error", p.Message}
 		if p.Patch >= 0 {
 			args = append(args, "patch", p.Patch)
 		}
-		log.Warn("configuration not applied", args...)
+		d.log.Warn("configuration not applied", append(args, "scope", "extensions")...)
 	})
 }
 

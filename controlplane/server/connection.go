@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -56,8 +55,8 @@ type Connection struct {
 
 	mu      sync.Mutex
 	watches map[string]*watch
-	// edsSub is the EDS watch's subscription, readable without mu (see setSub).
-	edsSub atomic.Pointer[subscription]
+	// edsSub is the EDS watch's subscription, as indexed (under srv.index.mu).
+	edsSub *subscription
 	view   *xds.View
 	// lastNack is the latest NACK message logged, so a proxy repeating it is logged once.
 	lastNack string
@@ -139,33 +138,6 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 	return c.view
 }
 
-// needsPush reports whether the connection's configuration can depend on what the event
-// changed, as Istio's ProxyNeedsPush: an endpoints-only change concerns the connections that
-// watch one of its clusters; a full change of services only (servicesOnly) concerns those
-// whose scope reaches a changed host before or after it (Sidecar egress, exportTo) or routes
-// it (a VirtualService naming it), or whose namespace holds one (a service there may select
-// the proxy: its inbound side); any other full change concerns every connection. So a proxy
-// scoped to 10 of 1000 services is not pushed for changes to the other 990.
-func (c *Connection) needsPush(ev *pushEvent, prev *push.Snapshot, servicesOnly bool) bool {
-	if !ev.req.Full {
-		return c.watchesAny(ev)
-	}
-	if !servicesOnly || c.watchesAny(ev) {
-		return true
-	}
-	// What the rest reads (the scope, the namespace) is the same for every proxy of a
-	// shape: judged once per shape.
-	if v, ok := ev.reached[c.shape]; ok {
-		return v
-	}
-	v := c.reaches(ev, prev)
-	if ev.reached == nil {
-		ev.reached = map[string]bool{}
-	}
-	ev.reached[c.shape] = v
-	return v
-}
-
 // reaches reports whether the proxy's scope reaches or routes a host a services-only push
 // changed, before or after it, or whether one is in its namespace.
 func (c *Connection) reaches(ev *pushEvent, prev *push.Snapshot) bool {
@@ -183,15 +155,12 @@ func (c *Connection) reaches(ev *pushEvent, prev *push.Snapshot) bool {
 	return false
 }
 
-// watchesAny reports whether the connection subscribes to any EDS cluster the push changed.
-func (c *Connection) watchesAny(ev *pushEvent) bool { return ev.watches(c.edsSub.Load()) }
-
 // setSub replaces a watch's subscription (caller holds c.mu); the EDS watch's is also
-// published in edsSub, so the push loop's walk over thousands of connections takes no lock.
+// indexed, so a push finds the connections that watch a changed cluster.
 func (c *Connection) setSub(w *watch, sub *subscription) {
 	w.sub = sub
 	if c.watches[xds.EndpointType] == w {
-		c.edsSub.Store(sub)
+		c.srv.index.setEDS(c, sub)
 	}
 }
 

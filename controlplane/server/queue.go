@@ -19,29 +19,11 @@ type pushEvent struct {
 
 	clustersOnce sync.Once
 	clusters     []string
-
-	// watched memoizes watches for the push loop (one goroutine): connections share
-	// subscriptions, so thousands of proxies cost a few set lookups.
-	watched map[*subscription]bool
-	// reached memoizes needsPush's scope test by proxy shape, for the push loop too.
-	reached map[string]bool
 }
 
-// watches reports whether an EDS subscription names any cluster the push changed. Only the
-// push loop calls it.
+// watches reports whether an EDS subscription names any cluster the push changed.
 func (e *pushEvent) watches(sub *subscription) bool {
-	if sub == nil {
-		return false
-	}
-	if v, ok := e.watched[sub]; ok {
-		return v
-	}
-	v := slices.ContainsFunc(e.edsClusters(), sub.has)
-	if e.watched == nil {
-		e.watched = map[*subscription]bool{}
-	}
-	e.watched[sub] = v
-	return v
+	return sub != nil && slices.ContainsFunc(e.edsClusters(), sub.has)
 }
 
 // edsClusters lists the EDS clusters of the hosts an endpoints-only push changed.

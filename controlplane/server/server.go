@@ -110,6 +110,7 @@ type Server struct {
 	queue    *pushQueue
 	admitter *tokenBucket
 	subs     *subscriptions
+	index    *connIndex
 
 	snapshot atomic.Pointer[push.Snapshot]
 	ready    atomic.Bool
@@ -144,6 +145,7 @@ func New(log *slog.Logger, m *metrics.Metrics, opts Options, deps Deps) *Server 
 	}
 	s.queue = newPushQueue()
 	s.subs = newSubscriptions()
+	s.index = newConnIndex()
 	s.admitter = newTokenBucket(opts.ConnectRate, opts.ConnectBurst)
 	return s
 }
@@ -268,18 +270,9 @@ func (s *Server) push(ctx context.Context, r *push.Request) {
 	prev := s.snapshot.Load()
 	snap := s.build(r)
 	s.log.Debug("push", "version", snap.Version, "request", r.String())
-	s.mu.RLock()
-	conns := make([]*Connection, 0, len(s.conns))
-	for _, c := range s.conns {
-		conns = append(conns, c)
-	}
-	s.mu.RUnlock()
 	ev := &pushEvent{snap: snap, req: r, queued: time.Now()}
-	servicesOnly := prev != nil && servicesOnly(r)
-	for _, c := range conns {
-		if c.needsPush(ev, prev, servicesOnly) {
-			s.queue.Enqueue(c, ev)
-		}
+	for _, c := range s.index.concerned(ev, prev) {
+		s.queue.Enqueue(c, ev)
 	}
 }
 
@@ -346,6 +339,7 @@ func (s *Server) addConnection(c *Connection) {
 	s.conns[c.ID] = c
 	n := len(s.conns)
 	s.mu.Unlock()
+	s.index.add(c)
 	s.metrics.XDSClients.WithLabelValues(c.Proxy.IstioVersion).Inc()
 	s.log.Info("proxy connected", "conn", c.ID, "delta", c.delta, "connections", n)
 	if c.workload != nil && s.deps.AutoRegistration != nil {
@@ -362,6 +356,7 @@ func (s *Server) removeConnection(c *Connection) {
 	_, ok := s.conns[c.ID]
 	delete(s.conns, c.ID)
 	s.mu.Unlock()
+	s.index.remove(c)
 	if !ok {
 		return
 	}

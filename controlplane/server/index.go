@@ -1,0 +1,142 @@
+package server
+
+import (
+	"sync"
+
+	"github.com/wasmesh/wasmesh/controlplane/push"
+)
+
+// connIndex finds the connections a push concerns without visiting the others, as Istio's
+// ProxyNeedsPush decides per proxy: an endpoints-only change concerns the connections whose
+// EDS subscription names one of its clusters; a full change of services only (see
+// servicesOnly) also those whose scope reaches or routes a changed host, or whose namespace
+// holds one (a service there may select the proxy: its inbound side), judged once per proxy
+// shape; any other full change concerns every connection. Connections sharing a
+// subscription share one entry, so a push that concerns 20 of 2000 proxies looks at a few
+// subscriptions and shapes, then at those 20 only.
+type connIndex struct {
+	mu sync.Mutex // a leaf: nothing else is locked while it is held
+	// live connections (added, not yet removed), by EDS subscription (nil: none yet) and
+	// by shape.
+	bySub   map[*subscription]map[*Connection]struct{}
+	byShape map[string]map[*Connection]struct{}
+	live    map[*Connection]struct{}
+}
+
+func newConnIndex() *connIndex {
+	return &connIndex{bySub: map[*subscription]map[*Connection]struct{}{}, byShape: map[string]map[*Connection]struct{}{},
+		live: map[*Connection]struct{}{}}
+}
+
+func addTo[K comparable](m map[K]map[*Connection]struct{}, k K, c *Connection) {
+	set := m[k]
+	if set == nil {
+		set = map[*Connection]struct{}{}
+		m[k] = set
+	}
+	set[c] = struct{}{}
+}
+
+func removeFrom[K comparable](m map[K]map[*Connection]struct{}, k K, c *Connection) {
+	if set := m[k]; set != nil {
+		delete(set, c)
+		if len(set) == 0 {
+			delete(m, k)
+		}
+	}
+}
+
+// add indexes a connection that has joined the server.
+func (x *connIndex) add(c *Connection) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.live[c] = struct{}{}
+	addTo(x.bySub, c.edsSub, c)
+	addTo(x.byShape, c.shape, c)
+}
+
+// remove forgets a connection that has left; later subscription changes of it are ignored.
+func (x *connIndex) remove(c *Connection) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.live[c]; !ok {
+		return
+	}
+	delete(x.live, c)
+	removeFrom(x.bySub, c.edsSub, c)
+	removeFrom(x.byShape, c.shape, c)
+}
+
+// setEDS records the connection's EDS subscription (the caller holds c.mu).
+func (x *connIndex) setEDS(c *Connection, sub *subscription) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.live[c]; ok {
+		removeFrom(x.bySub, c.edsSub, c)
+		addTo(x.bySub, sub, c)
+	}
+	c.edsSub = sub
+}
+
+// concerned returns the connections ev concerns; prev is the snapshot before it (nil at
+// start-up, when every connection is concerned).
+func (x *connIndex) concerned(ev *pushEvent, prev *push.Snapshot) []*Connection {
+	var reached map[string]bool
+	if ev.req.Full {
+		if prev == nil || !servicesOnly(ev.req) {
+			return x.all()
+		}
+		// What a scope test reads (the scope, the namespace) is the same for every proxy
+		// of a shape: one of them answers for all, outside the lock (a scope may have to
+		// be computed for the new snapshot).
+		reached = map[string]bool{}
+		for shape, c := range x.shapes() {
+			reached[shape] = c.reaches(ev, prev)
+		}
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []*Connection
+	for shape, set := range x.byShape {
+		if reached[shape] {
+			for c := range set {
+				out = append(out, c)
+			}
+		}
+	}
+	for sub, set := range x.bySub {
+		if !ev.watches(sub) {
+			continue
+		}
+		for c := range set {
+			if !reached[c.shape] {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+func (x *connIndex) all() []*Connection {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]*Connection, 0, len(x.live))
+	for c := range x.live {
+		out = append(out, c)
+	}
+	return out
+}
+
+// shapes returns one connection of each shape.
+func (x *connIndex) shapes() map[string]*Connection {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make(map[string]*Connection, len(x.byShape))
+	for shape, set := range x.byShape {
+		for c := range set {
+			out[shape] = c
+			break
+		}
+	}
+	return out
+}
