@@ -15,7 +15,7 @@ import (
 // subscription share one entry, so a push that concerns 20 of 2000 proxies looks at a few
 // subscriptions and shapes, then at those 20 only.
 type connIndex struct {
-	mu sync.Mutex // a leaf: nothing else is locked while it is held
+	mu sync.Mutex // taken under a connection's mu (setEDS); never takes a connection's lock or the queue's
 	// live connections (added, not yet removed), by EDS subscription (nil: none yet) and
 	// by shape.
 	bySub   map[*subscription]map[*Connection]struct{}
