@@ -17,15 +17,19 @@ import (
 type connIndex struct {
 	mu sync.Mutex // taken under a connection's mu (setEDS); never takes a connection's lock or the queue's
 	// live connections (added, not yet removed), by EDS subscription (nil: none yet) and
-	// by shape.
+	// by shape; a connection is live while its shape's set holds it.
 	bySub   map[*subscription]map[*Connection]struct{}
 	byShape map[string]map[*Connection]struct{}
-	live    map[*Connection]struct{}
 }
 
 func newConnIndex() *connIndex {
-	return &connIndex{bySub: map[*subscription]map[*Connection]struct{}{}, byShape: map[string]map[*Connection]struct{}{},
-		live: map[*Connection]struct{}{}}
+	return &connIndex{bySub: map[*subscription]map[*Connection]struct{}{}, byShape: map[string]map[*Connection]struct{}{}}
+}
+
+// live reports whether c was added and not yet removed (the caller holds x.mu).
+func (x *connIndex) live(c *Connection) bool {
+	_, ok := x.byShape[c.shape][c]
+	return ok
 }
 
 func addTo[K comparable](m map[K]map[*Connection]struct{}, k K, c *Connection) {
@@ -50,7 +54,6 @@ func removeFrom[K comparable](m map[K]map[*Connection]struct{}, k K, c *Connecti
 func (x *connIndex) add(c *Connection) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.live[c] = struct{}{}
 	addTo(x.bySub, c.edsSub, c)
 	addTo(x.byShape, c.shape, c)
 }
@@ -59,10 +62,9 @@ func (x *connIndex) add(c *Connection) {
 func (x *connIndex) remove(c *Connection) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if _, ok := x.live[c]; !ok {
+	if !x.live(c) {
 		return
 	}
-	delete(x.live, c)
 	removeFrom(x.bySub, c.edsSub, c)
 	removeFrom(x.byShape, c.shape, c)
 }
@@ -71,7 +73,7 @@ func (x *connIndex) remove(c *Connection) {
 func (x *connIndex) setEDS(c *Connection, sub *subscription) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if _, ok := x.live[c]; ok {
+	if x.live(c) {
 		removeFrom(x.bySub, c.edsSub, c)
 		addTo(x.bySub, sub, c)
 	}
@@ -120,9 +122,11 @@ func (x *connIndex) concerned(ev *pushEvent, prev *push.Snapshot) []*Connection 
 func (x *connIndex) all() []*Connection {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	out := make([]*Connection, 0, len(x.live))
-	for c := range x.live {
-		out = append(out, c)
+	var out []*Connection
+	for _, set := range x.byShape {
+		for c := range set {
+			out = append(out, c)
+		}
 	}
 	return out
 }
