@@ -416,6 +416,22 @@ metadata: {name: other, namespace: other}
 spec: {host: other.other.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: RANDOM}}}
 `)
 	settled(base+5, 2)
+	base += 2
+
+	// A Sidecar change (every proxy pushed) widens the scope to the other namespace: the
+	// scopes the next services-only push judges by are the new ones.
+	e.write("sidecar.yaml", `
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: scoped}
+spec:
+  egress: [{hosts: [demo/backend.demo.svc.cluster.local, other/*]}]
+`)
+	wait(t, sc, has(adsc.ClusterType, "outbound|9090||other.other.svc.cluster.local"))
+	settled(base+5, 2)
+	e.write("more.yaml", serviceIn("more", "other", 9095))
+	wait(t, sc, has(adsc.ClusterType, "outbound|9095||more.other.svc.cluster.local"))
+	settled(base+7, 2)
 }
 
 func TestNackKeepsLastAcceptedConfig(t *testing.T) {

@@ -138,13 +138,13 @@ func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
 	return c.view
 }
 
-// reaches reports whether the proxy's scope reaches or routes a host a services-only push
-// changed, before or after it, or whether one is in its namespace.
-func (c *Connection) reaches(ev *pushEvent, prev *push.Snapshot) bool {
-	for _, snap := range []*push.Snapshot{prev, ev.snap} {
-		scope := xds.CachedScope(snap, c.Proxy, c.shape)
-		for h := range ev.req.EDSHosts {
-			if scope.Service(h) != nil || scope.RoutesHost(h) {
+// reaches reports whether the proxy, whose scope (built on a snapshot with today's traffic
+// config) is given, reaches or routes a host a services-only push changed, before or after
+// it, or whether one is in its namespace.
+func (c *Connection) reaches(ev *pushEvent, prev *push.Snapshot, scope *xds.Scope) bool {
+	for h := range ev.req.EDSHosts {
+		for _, snap := range []*push.Snapshot{prev, ev.snap} {
+			if scope.Reaches(snap, h) {
 				return true
 			}
 			if svc := snap.Service(h); svc != nil && svc.Namespace == c.Proxy.Namespace {

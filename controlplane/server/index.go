@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
 // connIndex finds the connections a push concerns without visiting the others, as Istio's
@@ -20,6 +21,13 @@ type connIndex struct {
 	// by shape; a connection is live while its shape's set holds it.
 	bySub   map[*subscription]map[*Connection]struct{}
 	byShape map[string]map[*Connection]struct{}
+
+	// scopes of the shapes, as of the traffic config in force (Sidecars, VirtualServices,
+	// mesh config): a push of services only changes none of it, so a scope built on an
+	// earlier snapshot answers for later ones (Scope.Reaches) and the other shapes' scopes
+	// are not built for each push; any other full push forgets them. Only concerned, which
+	// pushes call one at a time, uses it.
+	scopes map[string]*xds.Scope
 }
 
 func newConnIndex() *connIndex {
@@ -86,14 +94,29 @@ func (x *connIndex) concerned(ev *pushEvent, prev *push.Snapshot) []*Connection 
 	var reached map[string]bool
 	if ev.req.Full {
 		if prev == nil || !servicesOnly(ev.req) {
+			x.scopes = nil
 			return x.all()
 		}
 		// What a scope test reads (the scope, the namespace) is the same for every proxy
 		// of a shape: one of them answers for all, outside the lock (a scope may have to
-		// be computed for the new snapshot).
-		reached = map[string]bool{}
-		for shape, c := range x.shapes() {
-			reached[shape] = c.reaches(ev, prev)
+		// be computed).
+		shapes := x.shapes()
+		if x.scopes == nil {
+			x.scopes = make(map[string]*xds.Scope, len(shapes))
+		}
+		for shape := range x.scopes {
+			if shapes[shape] == nil {
+				delete(x.scopes, shape)
+			}
+		}
+		reached = make(map[string]bool, len(shapes))
+		for shape, c := range shapes {
+			scope := x.scopes[shape]
+			if scope == nil {
+				scope = xds.CachedScope(prev, c.Proxy, shape)
+				x.scopes[shape] = scope
+			}
+			reached[shape] = c.reaches(ev, prev, scope)
 		}
 	}
 	x.mu.Lock()

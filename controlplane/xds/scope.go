@@ -295,6 +295,42 @@ func (s *Scope) RoutesHost(host string) bool {
 	return false
 }
 
+// Reaches reports whether a proxy of this scope reaches host in snap, or routes it: snap
+// may differ from the snapshot the scope was built on in its services (and their
+// endpoints), not in the Sidecars, VirtualServices or mesh config. The egress hosts, the
+// VirtualServices and the egress proxy are the scope's; the service, its namespace and
+// its exportTo are snap's. It answers what a scope built on snap would, without building
+// one: a push of services only asks it of every proxy shape.
+func (s *Scope) Reaches(snap *push.Snapshot, host string) bool {
+	if s.RoutesHost(host) {
+		return true
+	}
+	svc := snap.Service(host)
+	if svc == nil || !serviceVisible(snap, svc, s.Namespace) {
+		return false
+	}
+	if ep := s.EgressProxy; ep != nil && resolveHost(ep.GetHost(), s.Namespace) == host {
+		return true
+	}
+	for _, e := range s.Egress {
+		for _, h := range e.hosts {
+			if h.matches(svc.Namespace, host) {
+				return true
+			}
+		}
+		for _, vs := range e.VS {
+			for i, r := range vs.spec.GetHttp() {
+				for _, d := range destinationsOf(r) {
+					if resolveHost(d.GetHost(), vs.routeNS[i]) == host {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
 // DestinationRule returns the rule that applies to host for this scope's proxies, or nil.
 func (s *Scope) DestinationRule(host string) *destRule { return s.drs[host] }
 

@@ -462,3 +462,50 @@ spec:
 		assert.Equal(t, want, xds.Clusters(v).Find("outbound|80||"+host) != nil, host)
 	}
 }
+
+// A push of services only asks every proxy shape whether it reaches a changed host, with
+// the scope built before the change: Scope.Reaches must answer what a scope built on the
+// new snapshot does, for new services its egress hosts name or not, one its
+// VirtualService routes to, and one whose exportTo hides it.
+func TestScopeReachesAnswersAsAScopeBuiltOnTheNewSnapshot(t *testing.T) {
+	se := func(name, ns, extra string) string {
+		return `---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ` + name + `, namespace: ` + ns + `}
+spec:
+  hosts: ["` + name + `.` + ns + `.svc.cluster.local"]
+  resolution: STATIC
+  ports: [{number: 80, name: http}]
+  endpoints: [{address: 10.0.0.1}]
+` + extra
+	}
+	traffic := `---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec:
+  egress: [{hosts: ["./a.shop.svc.cluster.local", "other/*", "gw/front.gw.svc.cluster.local"]}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: front, namespace: gw}
+spec:
+  hosts: [front.gw.svc.cluster.local]
+  http: [{route: [{destination: {host: back.third.svc.cluster.local}}]}]
+`
+	before := se("a", "shop", "") + se("c", "other", "") + se("front", "gw", "") + traffic
+	after := before + se("b", "shop", "") + se("d", "other", "") + se("hidden", "other", "  exportTo: [.]\n") +
+		se("back", "third", "") + se("f", "third", "")
+	md := map[string]any{"NAMESPACE": "shop", "LABELS": map[string]any{"app": "client"}}
+	old, rebuilt := viewOf(t, before, md), viewOf(t, after, md)
+	want := map[string]bool{
+		"a.shop.svc.cluster.local": true, "b.shop.svc.cluster.local": false, "c.other.svc.cluster.local": true,
+		"d.other.svc.cluster.local": true, "hidden.other.svc.cluster.local": false, "front.gw.svc.cluster.local": true,
+		"back.third.svc.cluster.local": true, "f.third.svc.cluster.local": false, "none.shop.svc.cluster.local": false,
+	}
+	for host, reached := range want {
+		assert.Equal(t, reached, rebuilt.Scope.Service(host) != nil || rebuilt.Scope.RoutesHost(host), "scope built on the new snapshot, %s", host)
+		assert.Equal(t, reached, old.Scope.Reaches(rebuilt.Snapshot, host), "earlier scope asked of the new snapshot, %s", host)
+	}
+}
