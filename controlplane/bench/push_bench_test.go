@@ -100,7 +100,8 @@ func memory() uint64 {
 }
 
 // measure runs change b.N times and reports time to the last ACK, server CPU and bytes.
-// WASMESH_BENCH_CPUPROFILE=<dir> profiles the server and the load client during the changes.
+// WASMESH_BENCH_CPUPROFILE=<dir> profiles the server and the load client during the changes;
+// WASMESH_BENCH_ALLOCPROFILE=<dir> writes the server's allocation profile before and after.
 func measure(b *testing.B, loader *Loader, bytes *ByteCounter, memPerProxy float64, debounce time.Duration, change func(i int) (start, lastAck time.Time)) {
 	// The load client holds the config of every proxy (gigabytes at 2000 proxies): its
 	// collection of earlier changes' responses, timed by chance, would add to a change's time
@@ -124,6 +125,17 @@ func measure(b *testing.B, loader *Loader, bytes *ByteCounter, memPerProxy float
 			f.Close()
 			_, _ = loader.Wait("profile stop")
 		}()
+	}
+	if dir := os.Getenv("WASMESH_BENCH_ALLOCPROFILE"); dir != "" {
+		name := strings.NewReplacer("/", "_", "=", "-").Replace(b.Name())
+		write := func(suffix string) {
+			f, err := os.Create(filepath.Join(dir, name+suffix))
+			require.NoError(b, err)
+			require.NoError(b, pprof.Lookup("allocs").WriteTo(f, 0))
+			f.Close()
+		}
+		write(".allocs-before.pprof")
+		defer write(".allocs-after.pprof")
 	}
 	var total time.Duration
 	before, clientBefore := sample(bytes), loader.CPU()

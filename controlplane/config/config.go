@@ -82,12 +82,13 @@ func (c *Config) Equal(o *Config) bool {
 
 // SortConfigs orders configs by kind, namespace and name so output is deterministic.
 func SortConfigs(cs []*Config) {
-	byKey := func(a, b *Config) int { return CompareKeys(a.Key(), b.Key()) }
 	// Lists arrive mostly sorted (a source's list plus what changed): checking is linear.
 	if !slices.IsSortedFunc(cs, byKey) {
 		slices.SortFunc(cs, byKey)
 	}
 }
+
+func byKey(a, b *Config) int { return CompareKeys(a.Key(), b.Key()) }
 
 // CompareKeys orders keys by kind, namespace, name.
 func CompareKeys(a, b Key) int {

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"slices"
+
 	"google.golang.org/protobuf/proto"
 	extensions "istio.io/api/extensions/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
@@ -12,29 +14,52 @@ import (
 // Index is an immutable view of a set of configs, indexed for the generators: by kind, by
 // kind and namespace, and by the workload selector of the kinds that select proxies.
 type Index struct {
-	all    map[Key]*Config
 	byKind map[Kind][]*Config
-	byNS   map[Kind]map[string][]*Config
+	// byNS lists are subslices of byKind's (configs are sorted by kind, namespace, name).
+	byNS map[Kind]map[string][]*Config
+	n    int
 }
 
 // NewIndex indexes configs; the slice is not retained.
-func NewIndex(configs []*Config) *Index {
-	ix := &Index{all: map[Key]*Config{}, byKind: map[Kind][]*Config{}, byNS: map[Kind]map[string][]*Config{}}
-	sorted := append([]*Config(nil), configs...)
-	SortConfigs(sorted)
-	for _, c := range sorted {
-		ix.all[c.Key()] = c
-		ix.byKind[c.Kind] = append(ix.byKind[c.Kind], c)
-		if ix.byNS[c.Kind] == nil {
-			ix.byNS[c.Kind] = map[string][]*Config{}
+func NewIndex(configs []*Config) *Index { return Reindex(nil, configs) }
+
+// Reindex indexes configs as NewIndex does, sharing with prev (nil: none) the lists of
+// every kind whose configs are the very ones prev lists (configs are immutable: the same
+// pointer is the same config): a change of one config costs the lists of its kind, not the
+// whole index.
+func Reindex(prev *Index, configs []*Config) *Index {
+	sorted := configs
+	if !slices.IsSortedFunc(sorted, byKey) {
+		sorted = slices.Clone(configs)
+		SortConfigs(sorted)
+	}
+	ix := &Index{byKind: map[Kind][]*Config{}, byNS: map[Kind]map[string][]*Config{}, n: len(sorted)}
+	for len(sorted) > 0 {
+		kind := sorted[0].Kind
+		n := 1
+		for n < len(sorted) && sorted[n].Kind == kind {
+			n++
 		}
-		ix.byNS[c.Kind][c.Namespace] = append(ix.byNS[c.Kind][c.Namespace], c)
+		run := sorted[:n]
+		sorted = sorted[n:]
+		if prev != nil && slices.Equal(prev.byKind[kind], run) {
+			ix.byKind[kind], ix.byNS[kind] = prev.byKind[kind], prev.byNS[kind]
+			continue
+		}
+		list := slices.Clone(run)
+		byNS := map[string][]*Config{}
+		for i := 0; i < len(list); {
+			j := i + 1
+			for j < len(list) && list[j].Namespace == list[i].Namespace {
+				j++
+			}
+			byNS[list[i].Namespace] = list[i:j:j] // capped: an append copies
+			i = j
+		}
+		ix.byKind[kind], ix.byNS[kind] = list[:len(list):len(list)], byNS
 	}
 	return ix
 }
-
-// Get returns the config with key k, or nil.
-func (ix *Index) Get(k Key) *Config { return ix.all[k] }
 
 // List returns the configs of a kind, sorted by namespace and name.
 func (ix *Index) List(kind Kind) []*Config { return ix.byKind[kind] }
@@ -43,7 +68,7 @@ func (ix *Index) List(kind Kind) []*Config { return ix.byKind[kind] }
 func (ix *Index) Namespace(kind Kind, ns string) []*Config { return ix.byNS[kind][ns] }
 
 // Len is the number of configs.
-func (ix *Index) Len() int { return len(ix.all) }
+func (ix *Index) Len() int { return ix.n }
 
 // ForWorkload returns the configs of kind in namespace ns whose workload selector matches
 // labels (a config without a selector applies to every workload of its namespace). The root

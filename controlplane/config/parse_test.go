@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -161,4 +162,47 @@ spec: {egress: [{hosts: ["*/*"]}]}
 	assert.Equal(t, []string{"all", "root"}, names(ix.ForWorkload(Sidecar, "shop", "istio-system", map[string]string{"app": "ratings"})))
 	assert.Equal(t, []string{"root"}, names(ix.ForWorkload(Sidecar, "other", "istio-system", nil)))
 	assert.Len(t, ix.List(Sidecar), 3)
+}
+
+// A full push re-indexes the configs with the previous index: the kinds that did not change
+// keep their lists, the changed kind is indexed anew, and the result is what NewIndex
+// makes of the same configs.
+func TestReindexSharesTheKindsThatDidNotChange(t *testing.T) {
+	parse := func(yaml string) []*Config {
+		var cs []*Config
+		for _, d := range ParseFile("s.yaml", []byte(yaml)) {
+			require.Nil(t, d.Err, "%v", d.Err)
+			cs = append(cs, d.Config)
+		}
+		return cs
+	}
+	se := func(name, ns string) string {
+		return "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: " + name + ", namespace: " + ns + "}\n" +
+			"spec: {hosts: [" + name + "." + ns + ".example], ports: [{number: 80, name: http}]}\n"
+	}
+	sidecars := parse(`
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: a, namespace: shop}
+spec: {egress: [{hosts: ["./*"]}]}
+`)
+	before := append(parse(se("xa", "shop")+se("ya", "web")+se("za", "web")), sidecars...)
+	prev := NewIndex(before)
+	after := append(append(slices.Clone(before[:1]), parse(se("new", "shop"))...), before[1:]...)
+	ix := Reindex(prev, after)
+	fresh := NewIndex(after)
+
+	assert.Equal(t, fresh.Len(), ix.Len())
+	for _, kind := range []Kind{ServiceEntry, Sidecar} {
+		assert.Equal(t, fresh.List(kind), ix.List(kind), kind)
+		for _, ns := range []string{"shop", "web", "none"} {
+			assert.Equal(t, fresh.Namespace(kind, ns), ix.Namespace(kind, ns), "%s %s", kind, ns)
+		}
+	}
+	assert.Same(t, &prev.List(Sidecar)[0], &ix.List(Sidecar)[0], "an unchanged kind keeps its list")
+	assert.NotSame(t, &prev.List(ServiceEntry)[0], &ix.List(ServiceEntry)[0], "a changed kind is indexed anew")
+	assert.Equal(t, []string{"new", "xa"}, []string{ix.Namespace(ServiceEntry, "shop")[0].Name, ix.Namespace(ServiceEntry, "shop")[1].Name})
+	// A namespace's list is part of its kind's: appending to it must not overwrite the next.
+	_ = append(ix.Namespace(ServiceEntry, "shop"), sidecars[0])
+	assert.Equal(t, "ya", ix.Namespace(ServiceEntry, "web")[0].Name)
 }

@@ -30,6 +30,23 @@ type ServiceEntries struct {
 	owner     map[string]*seEntry                    // which entry owns a host
 	endpoints map[string][]*model.Endpoint           // by host
 	handlers  []Handler
+	// spare holds the maps SetConfigs replaced last time, cleared and filled again by the
+	// next: a config change allocates what changed, not a copy of the mesh's services.
+	spare struct {
+		had       map[*config.Config]*seEntry
+		services  map[string]*model.Service
+		owner     map[string]*seEntry
+		endpoints map[string][]*model.Endpoint
+	}
+}
+
+// reuse clears a spare map for another fill (or makes one of size n).
+func reuse[K comparable, V any](m map[K]V, n int) map[K]V {
+	if m == nil {
+		return make(map[K]V, n)
+	}
+	clear(m)
+	return m
 }
 
 type seEntry struct {
@@ -38,6 +55,7 @@ type seEntry struct {
 	defined  []*model.Service // every service of the entry's hosts
 	services []*model.Service // those it owns (a host defined twice goes to the first entry)
 	pos      int              // index in entries
+	selKey   string           // leastLabel of its workload selector
 }
 
 // NewServiceEntries returns an empty registry.
@@ -95,8 +113,9 @@ func (r *ServiceEntries) Workloads() []*model.Workload {
 // SetConfigs replaces the ServiceEntries and WorkloadEntries (other kinds are ignored) and
 // notifies handlers of what changed.
 func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
-	var entries []*seEntry
-	wes := map[string][]*config.Config{}
+	// Sized as before: a change adds or removes a few of them.
+	entries := make([]*seEntry, 0, len(r.entries))
+	wes := make(map[string][]*config.Config, len(r.wes))
 	for _, c := range cs {
 		switch c.Kind {
 		case config.ServiceEntry:
@@ -112,17 +131,21 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 
 	r.mu.Lock()
 	// An unchanged config (sources keep its pointer) defines the services it did.
-	had := make(map[*config.Config]*seEntry, len(r.entries))
+	had := reuse(r.spare.had, len(r.entries))
+	defer func() { clear(had); r.spare.had = had }()
 	for _, e := range r.entries {
 		had[e.cfg] = e
 	}
-	services := map[string]*model.Service{}
-	owner := map[string]*seEntry{}
+	services := reuse(r.spare.services, len(r.services))
+	owner := reuse(r.spare.owner, len(r.services))
 	for _, e := range entries {
 		if o := had[e.cfg]; o != nil {
-			e.defined = o.defined
+			e.defined, e.selKey = o.defined, o.selKey
 		} else {
 			e.defined = servicesOf(e.cfg, e.spec)
+			if sel := e.spec.GetWorkloadSelector(); sel != nil {
+				e.selKey = leastLabel(sel.GetLabels())
+			}
 		}
 		for _, s := range e.defined {
 			if prev, dup := owner[s.Hostname]; dup {
@@ -145,8 +168,7 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 			if selecting[e.cfg.Namespace] == nil {
 				selecting[e.cfg.Namespace] = map[string][]*seEntry{}
 			}
-			k := leastLabel(sel.GetLabels())
-			selecting[e.cfg.Namespace][k] = append(selecting[e.cfg.Namespace][k], e)
+			selecting[e.cfg.Namespace][e.selKey] = append(selecting[e.cfg.Namespace][e.selKey], e)
 		}
 	}
 	// Namespaces whose WorkloadEntries are the very configs they were keep their index, and
@@ -184,8 +206,9 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 			ev.Hosts[h] = struct{}{}
 		}
 	}
+	r.spare.services, r.spare.owner = r.services, r.owner
 	r.services, r.owner = services, owner
-	endpoints := map[string][]*model.Endpoint{}
+	endpoints := reuse(r.spare.endpoints, len(r.endpoints))
 	for _, e := range entries {
 		// An unchanged entry owning the same services has the endpoints it had, unless it
 		// selects workloads and its namespace's WorkloadEntries changed (auto-registered
@@ -224,7 +247,7 @@ func (r *ServiceEntries) replaceEndpoints(computed map[string][]*model.Endpoint,
 				computed[h] = r.endpoints[h]
 			}
 		}
-		r.endpoints = computed
+		r.spare.endpoints, r.endpoints = r.endpoints, computed
 		return
 	}
 	// Only the hosts in scope change, in place (every reader holds r.mu): a workload

@@ -243,7 +243,11 @@ func (s *Server) build(r *push.Request) *push.Snapshot {
 		if s.deps.Configs != nil {
 			configs = s.deps.Configs.List()
 		}
-		snap = push.Build(version, s.deps.Mesh(), config.NewIndex(configs), s.deps.Registry)
+		var prevIx *config.Index
+		if cur != nil {
+			prevIx = cur.Configs
+		}
+		snap = push.Build(version, s.deps.Mesh(), config.Reindex(prevIx, configs), s.deps.Registry)
 	} else {
 		snap = cur.WithEndpoints(version, s.deps.Registry, r.EDSHosts)
 	}

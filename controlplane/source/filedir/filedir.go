@@ -6,6 +6,7 @@ package filedir
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -54,6 +55,15 @@ type Source struct {
 	status   []DocStatus
 	lastErrs map[string]bool // rejection messages already logged, so a rescan does not repeat them
 	parsed   map[string]parsedFile
+	// spare holds the maps and list of the read before last, for the next read to reuse.
+	spare struct {
+		current map[config.Key]*config.Config
+		status  []DocStatus
+		parsed  map[string]parsedFile
+	}
+	// unreadable: a file could not be read last time (its configs stay in force, it is not
+	// in parsed); the next read walks the tree.
+	unreadable bool
 	// lastGood remembers the last applied version of every config (by key, and by document
 	// position for documents too broken to name) while its file exists, so a rejected
 	// document falls back to it even if a read in between saw the file empty (an editor
@@ -120,6 +130,37 @@ func isConfigFile(name string) bool {
 func (s *Source) Sync() error {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
+	files, err := s.walk()
+	if err != nil {
+		return err
+	}
+	s.apply(files, nil)
+	return nil
+}
+
+// SyncPaths is Sync for a change the watcher saw at paths: only those files are read again,
+// the others are known. What is not a plain config file of the tree as Sync walks it (a
+// directory, a name that was one, a symlink farm's swap), or a directory with files that
+// could not be read last time, is read whole.
+func (s *Source) SyncPaths(paths map[string]struct{}) error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	s.mu.RLock()
+	files, reread, ok := s.filesAfter(paths)
+	s.mu.RUnlock()
+	if !ok {
+		var err error
+		if files, err = s.walk(); err != nil {
+			return err
+		}
+		reread = nil
+	}
+	s.apply(files, reread)
+	return nil
+}
+
+// walk lists the config files of the tree, sorted.
+func (s *Source) walk() ([]string, error) {
 	var files []string
 	err := filepath.WalkDir(s.dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -134,10 +175,85 @@ func (s *Source) Sync() error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("reading config directory %s: %w", s.dir, err)
+		return nil, fmt.Errorf("reading config directory %s: %w", s.dir, err)
 	}
 	sort.Strings(files)
+	return files, nil
+}
 
+// filesAfter is the sorted file list after a change at paths, from the files read last time,
+// and the files to read again (by path relative to the directory); ok is false when only a
+// walk can tell (the caller holds s.mu).
+func (s *Source) filesAfter(paths map[string]struct{}) (files []string, reread map[string]bool, ok bool) {
+	if s.unreadable {
+		return nil, nil, false
+	}
+	present := make(map[string]bool, len(s.parsed)+len(paths))
+	for rel := range s.parsed {
+		present[rel] = true
+	}
+	reread = map[string]bool{}
+	for p := range paths {
+		rel, err := filepath.Rel(s.dir, p)
+		if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+			return nil, nil, false
+		}
+		fi, err := os.Stat(p)
+		switch {
+		case err == nil && fi.IsDir():
+			return nil, nil, false
+		case inHiddenDir(rel):
+			// A walk skips hidden directories: nothing there is in force.
+		case !isConfigFile(p):
+			if s.hasFilesUnder(rel) {
+				return nil, nil, false // a directory removed or renamed
+			}
+		case errors.Is(err, fs.ErrNotExist):
+			if s.hasFilesUnder(rel) {
+				return nil, nil, false
+			}
+			delete(present, rel)
+		default:
+			present[rel], reread[rel] = true, true
+		}
+	}
+	files = make([]string, 0, len(present))
+	for rel := range present {
+		files = append(files, filepath.Join(s.dir, rel))
+	}
+	sort.Strings(files)
+	return files, reread, true
+}
+
+// inHiddenDir reports whether a path relative to the directory lies in a hidden
+// subdirectory, which a walk skips.
+func inHiddenDir(rel string) bool {
+	dir := filepath.Dir(rel)
+	if dir == "." {
+		return false
+	}
+	for _, part := range strings.Split(dir, string(filepath.Separator)) {
+		if strings.HasPrefix(part, ".") {
+			return true
+		}
+	}
+	return false
+}
+
+// hasFilesUnder reports whether files read last time lie under the directory rel.
+func (s *Source) hasFilesUnder(rel string) bool {
+	prefix := rel + string(filepath.Separator)
+	for file := range s.parsed {
+		if strings.HasPrefix(file, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// apply reads files (only those in reread when it is not nil: the others hold the bytes
+// read last time), applies what is valid and notifies handlers of changes.
+func (s *Source) apply(files []string, reread map[string]bool) {
 	s.mu.Lock()
 	old := s.current
 	var bySource map[string]*config.Config // the configs in force by source, built when needed
@@ -150,10 +266,19 @@ func (s *Source) Sync() error {
 		}
 		return bySource[src]
 	}
-	next := make(map[config.Key]*config.Config, len(old))
-	status := make([]DocStatus, 0, len(s.status))
+	// The maps and list of the read before last are cleared and filled again: a read
+	// allocates what changed, not a copy of the directory.
+	next, status := s.spare.current, s.spare.status[:0]
+	clear(next)
+	if next == nil {
+		next = make(map[config.Key]*config.Config, len(old))
+	}
 	errs := map[string]bool{}
-	parsed := make(map[string]parsedFile, len(s.parsed))
+	parsed := s.spare.parsed
+	clear(parsed)
+	if parsed == nil {
+		parsed = make(map[string]parsedFile, len(s.parsed))
+	}
 	var fresh []*config.Config // configs in force from files read anew
 	reject := func(st DocStatus, kind string, msg string, kept *config.Config) {
 		st.Error = msg
@@ -171,10 +296,15 @@ func (s *Source) Sync() error {
 			s.metrics.ConfigRejects.WithLabelValues(kind).Inc()
 		}
 	}
+	unreadable := false
 	for _, file := range files {
 		rel, _ := filepath.Rel(s.dir, file)
-		data, err := readChanged(file, s.parsed[rel].data)
+		data, err := s.parsed[rel].data, error(nil)
+		if reread == nil || reread[rel] {
+			data, err = readChanged(file, data)
+		}
 		if err != nil {
+			unreadable = true
 			// Unreadable now (e.g. mid-rename): keep everything the file provided before.
 			for _, c := range old {
 				if sourceFile(c.Source) == rel {
@@ -222,10 +352,13 @@ func (s *Source) Sync() error {
 				reject(st, string(c.Kind), fmt.Sprintf("%s: document %d (%s): already defined in %s", rel, d.Index, c.Key(), prev.Source), nil)
 				continue
 			}
-			if o := old[c.Key()]; o != nil && o != c && o.Source == c.Source && o.Equal(c) {
-				// Keep the old pointer, here and in the parsed document, so unchanged
-				// configs compare cheaply downstream and on the next read.
-				c, docs[i].Config = o, o
+			// A document parsed anew that equals the config in force keeps the old pointer,
+			// here and in the parsed document, so unchanged configs compare cheaply
+			// downstream and on the next read (a document not parsed anew has it already).
+			if reparsed {
+				if o := old[c.Key()]; o != nil && o != c && o.Source == c.Source && o.Equal(c) {
+					c, docs[i].Config = o, o
+				}
 			}
 			next[c.Key()] = c
 			if reparsed {
@@ -256,7 +389,8 @@ func (s *Source) Sync() error {
 			}
 		}
 	}
-	s.current, s.status, s.lastErrs, s.parsed = next, status, errs, parsed
+	s.spare.current, s.spare.status, s.spare.parsed = old, s.status, s.parsed
+	s.current, s.status, s.lastErrs, s.parsed, s.unreadable = next, status, errs, parsed, unreadable
 	s.sorted = updateSorted(s.sorted, next, changed)
 	// Remember the last good version of what is in force, by file: what files read anew
 	// provide and what changed (the rest is remembered already). A file that is gone (or
@@ -291,7 +425,6 @@ func (s *Source) Sync() error {
 			h(changed)
 		}
 	}
-	return nil
 }
 
 // updateSorted brings sorted, the configs in force before, up to date with next: a few
@@ -394,15 +527,20 @@ func (s *Source) Run(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			if ev.Has(fsnotify.Create) {
-				if fi, err := os.Stat(ev.Name); err == nil && fi.IsDir() {
-					_ = addTree(w, ev.Name)
+			paths := map[string]struct{}{}
+			seen := func(ev fsnotify.Event) {
+				paths[ev.Name] = struct{}{}
+				if ev.Has(fsnotify.Create) {
+					if fi, err := os.Stat(ev.Name); err == nil && fi.IsDir() {
+						_ = addTree(w, ev.Name)
+					}
 				}
 			}
+			seen(ev)
 			// Coalesce a burst of events (an editor's truncate+write+rename+chmod) into one
 			// read once the directory has been quiet for a moment.
-			settle(ctx, w.Events, 50*time.Millisecond, time.Second)
-			if err := s.Sync(); err != nil {
+			settle(ctx, w.Events, seen, 50*time.Millisecond, time.Second)
+			if err := s.SyncPaths(paths); err != nil {
 				s.log.Error("config directory unreadable; keeping the last good configs", "error", err)
 			}
 		case err, ok := <-w.Errors:
@@ -414,18 +552,19 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 }
 
-// settle consumes events until none arrived for quiet, or max has passed.
-func settle(ctx context.Context, ch <-chan fsnotify.Event, quiet, max time.Duration) {
+// settle hands events to seen until none arrived for quiet, or max has passed.
+func settle(ctx context.Context, ch <-chan fsnotify.Event, seen func(fsnotify.Event), quiet, max time.Duration) {
 	deadline := time.NewTimer(max)
 	defer deadline.Stop()
 	q := time.NewTimer(quiet)
 	defer q.Stop()
 	for {
 		select {
-		case _, ok := <-ch:
+		case ev, ok := <-ch:
 			if !ok {
 				return
 			}
+			seen(ev)
 			q.Reset(quiet)
 		case <-q.C:
 			return

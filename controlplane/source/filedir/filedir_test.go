@@ -246,3 +246,51 @@ func TestListFollowsSmallChanges(t *testing.T) {
 	assert.Equal(t, "moved.yaml#1", moved.Source)
 	assert.Contains(t, changes[len(changes)-1], moved.Key(), "a config that moved files is a change of its source")
 }
+
+// What the watcher saw is what is read again: a file it did not name is not (its change is
+// seen by the next full read), one it names that is gone takes its configs away, and a
+// directory it names is read whole, as a walk would.
+func TestSyncPathsReadsWhatTheWatcherNamed(t *testing.T) {
+	dir := t.TempDir()
+	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 80))
+	write(t, filepath.Join(dir, "b.yaml"), se("b", 80))
+	require.NoError(t, s.Sync())
+	names := func() []string {
+		var out []string
+		for _, c := range s.List() {
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	paths := func(rels ...string) map[string]struct{} {
+		out := map[string]struct{}{}
+		for _, rel := range rels {
+			out[filepath.Join(dir, rel)] = struct{}{}
+		}
+		return out
+	}
+
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 81))
+	write(t, filepath.Join(dir, "b.yaml"), se("b", 82))
+	write(t, filepath.Join(dir, "c.yaml"), se("c", 83))
+	require.NoError(t, s.SyncPaths(paths("a.yaml", "c.yaml", ".a.yaml.swp")))
+	assert.Equal(t, uint32(81), portOf(t, s, "a"))
+	assert.Equal(t, uint32(80), portOf(t, s, "b"), "b.yaml was not named: not read again")
+	assert.Equal(t, uint32(83), portOf(t, s, "c"))
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "a.yaml")))
+	require.NoError(t, s.SyncPaths(paths("a.yaml")))
+	assert.Equal(t, []string{"b", "c"}, names())
+	assert.Equal(t, uint32(80), portOf(t, s, "b"))
+
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "sub"), 0o755))
+	write(t, filepath.Join(dir, "sub", "d.yaml"), se("d", 84))
+	require.NoError(t, s.SyncPaths(paths("sub")))
+	assert.Equal(t, []string{"b", "c", "d"}, names())
+	assert.Equal(t, uint32(82), portOf(t, s, "b"), "a directory is read whole")
+
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "sub")))
+	require.NoError(t, s.SyncPaths(paths("sub")))
+	assert.Equal(t, []string{"b", "c"}, names(), "a removed directory takes its files' configs")
+}

@@ -15,25 +15,34 @@ import (
 )
 
 // BenchmarkSyncOneChangedFile is what a change to one small file costs in a directory of
-// 3000 configs: the read of the whole directory (unchanged files compared in place) and the
-// update of what is in force (each change replaces one config with another).
+// 3000 configs in 40 files: read=walk reads the whole directory (unchanged files compared
+// in place), read=paths only the file the watcher named (SyncPaths, as Run does); both
+// update what is in force (each change replaces one config with another).
 func BenchmarkSyncOneChangedFile(b *testing.B) {
-	dir := b.TempDir()
-	var big strings.Builder
-	for i := range 3000 {
-		if i > 0 {
-			big.WriteString("---\n")
-		}
-		big.WriteString(se("svc-"+strconv.Itoa(i), 80))
+	for _, mode := range []string{"walk", "paths"} {
+		b.Run("read="+mode, func(b *testing.B) {
+			dir := b.TempDir()
+			for f := range 40 {
+				var part strings.Builder
+				for i := f * 75; i < (f+1)*75; i++ {
+					part.WriteString("---\n" + se("svc-"+strconv.Itoa(i), 80))
+				}
+				write(b, filepath.Join(dir, "services-"+strconv.Itoa(f)+".yaml"), part.String())
+			}
+			s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+			require.NoError(b, s.Sync())
+			extra := filepath.Join(dir, "extra.yaml")
+			b.ResetTimer()
+			for i := range b.N {
+				write(b, extra, se("extra-"+strconv.Itoa(i), 80))
+				if mode == "walk" {
+					require.NoError(b, s.Sync())
+				} else {
+					require.NoError(b, s.SyncPaths(map[string]struct{}{extra: {}}))
+				}
+			}
+			b.StopTimer()
+			require.Len(b, s.List(), 3001)
+		})
 	}
-	write(b, filepath.Join(dir, "services.yaml"), big.String())
-	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
-	require.NoError(b, s.Sync())
-	b.ResetTimer()
-	for i := range b.N {
-		write(b, filepath.Join(dir, "extra.yaml"), se("extra-"+strconv.Itoa(i), 80))
-		require.NoError(b, s.Sync())
-	}
-	b.StopTimer()
-	require.Len(b, s.List(), 3001)
 }
