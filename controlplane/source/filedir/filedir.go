@@ -547,7 +547,11 @@ func (s *Source) Run(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			s.log.Error("watch error", "error", err)
+			// Events may have been lost (an overflowing queue): read the whole tree again.
+			s.log.Error("watch error; reading the whole directory again", "error", err)
+			if err := s.Sync(); err != nil {
+				s.log.Error("config directory unreadable; keeping the last good configs", "error", err)
+			}
 		}
 	}
 }
