@@ -25,6 +25,7 @@ type Handler func(Event)
 // a change publishes new ones, so a push snapshot can hold them without copying.
 type Registry interface {
 	Name() string
+	// Services returns the registry's services, sorted by host.
 	Services() []*model.Service
 	// Endpoints returns the endpoints of host across its ports, sorted.
 	Endpoints(host string) []*model.Endpoint
@@ -54,6 +55,9 @@ func (a *Aggregate) Name() string { return "aggregate" }
 func (a *Aggregate) Services() []*model.Service {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
+	if len(a.regs) == 1 {
+		return a.regs[0].Services() // sorted already
+	}
 	seen := map[string]bool{}
 	var out []*model.Service
 	for _, r := range a.regs {

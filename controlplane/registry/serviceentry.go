@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	networking "istio.io/api/networking/v1alpha3"
@@ -29,6 +30,7 @@ type ServiceEntries struct {
 	services  map[string]*model.Service              // by host
 	owner     map[string]*seEntry                    // which entry owns a host
 	endpoints map[string][]*model.Endpoint           // by host
+	sorted    []*model.Service                       // services by host, made when asked; nil after a change
 	handlers  []Handler
 	// spare holds the maps SetConfigs replaced last time, cleared and filled again by the
 	// next: a config change allocates what changed, not a copy of the mesh's services.
@@ -80,13 +82,21 @@ func (r *ServiceEntries) AddHandler(h Handler) {
 // Services implements Registry.
 func (r *ServiceEntries) Services() []*model.Service {
 	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make([]*model.Service, 0, len(r.services))
-	for _, s := range r.services {
-		out = append(out, s)
+	if out := r.sorted; out != nil || len(r.services) == 0 {
+		r.mu.RUnlock()
+		return out
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Hostname < out[j].Hostname })
-	return out
+	r.mu.RUnlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sorted == nil {
+		r.sorted = make([]*model.Service, 0, len(r.services))
+		for _, s := range r.services {
+			r.sorted = append(r.sorted, s)
+		}
+		slices.SortFunc(r.sorted, func(a, b *model.Service) int { return strings.Compare(a.Hostname, b.Hostname) })
+	}
+	return r.sorted
 }
 
 // Endpoints implements Registry.
@@ -208,6 +218,9 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 	}
 	r.spare.services, r.spare.owner = r.services, r.owner
 	r.services, r.owner = services, owner
+	if ev.Full {
+		r.sorted = nil // a new slice: snapshots hold the old one
+	}
 	endpoints := reuse(r.spare.endpoints, len(r.endpoints))
 	for _, e := range entries {
 		// An unchanged entry owning the same services has the endpoints it had, unless it
