@@ -129,6 +129,8 @@ func measure(b *testing.B, loader *Loader, bytes *ByteCounter, memPerProxy float
 	if dir := os.Getenv("WASMESH_BENCH_ALLOCPROFILE"); dir != "" {
 		name := strings.NewReplacer("/", "_", "=", "-").Replace(b.Name())
 		write := func(suffix string) {
+			// The profile is as of the last completed collection: complete one.
+			runtime.GC()
 			f, err := os.Create(filepath.Join(dir, name+suffix))
 			require.NoError(b, err)
 			require.NoError(b, pprof.Lookup("allocs").WriteTo(f, 0))

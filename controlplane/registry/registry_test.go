@@ -342,3 +342,39 @@ func TestUnchangedEntriesKeepTheirEndpoints(t *testing.T) {
 	want[host("c", "other")] = []string{"10.2.0.1:80@80", "10.2.0.2:80@80"}
 	assert.Equal(t, want, got())
 }
+
+// SetConfigs keeps the entries of unchanged configs, and with them what they own and the
+// workload-selector index of their namespace: a host changes hands when its first owner
+// goes, and a namespace whose entries come and go has its index rebuilt while others keep
+// theirs.
+func TestKeptEntriesFollowOwnershipAndSelectorIndex(t *testing.T) {
+	r, _, _ := newRegistry(t)
+	se := func(name, ns, rest string) []*config.Config {
+		return parse(t, "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: "+name+", namespace: "+ns+"}\n"+
+			"spec: {resolution: STATIC, ports: [{number: 80, name: http}], "+rest+"}\n")
+	}
+	first := se("a", "shop", "hosts: [h.example], endpoints: [{address: 10.0.0.1}]")
+	second := se("b", "shop", "hosts: [h.example], endpoints: [{address: 10.0.0.2}]")
+	c := se("c", "shop", "hosts: [c.shop.svc.cluster.local], workloadSelector: {labels: {app: c}}")
+	d := se("d", "shop", "hosts: [d.shop.svc.cluster.local], workloadSelector: {labels: {app: d}}")
+	e := se("e", "shop", "hosts: [e.shop.svc.cluster.local], workloadSelector: {labels: {app: c}}")
+	f := se("f", "other", "hosts: [f.other.svc.cluster.local], workloadSelector: {labels: {app: f}}")
+	eps := func(host string) []string { return addrs(r.Endpoints(host)) }
+
+	r.SetConfigs(slices.Concat(first, second, c, d, f))
+	assert.Equal(t, []string{"10.0.0.1:80@80"}, eps("h.example"), "the first entry owns the host")
+	r.SetConfigs(slices.Concat(second, c, d, f))
+	assert.Equal(t, []string{"10.0.0.2:80@80"}, eps("h.example"), "the kept second entry takes it over")
+	earlier := se("0a", "shop", "hosts: [h.example], endpoints: [{address: 10.0.0.3}]")
+	r.SetConfigs(slices.Concat(earlier, second, c, d, f))
+	assert.Equal(t, []string{"10.0.0.3:80@80"}, eps("h.example"), "a new entry before it takes it from the kept one")
+	r.SetConfigs(slices.Concat(second, c, d, f))
+
+	r.SetConfigs(slices.Concat(second, c, e, f)) // d goes, e comes: shop's index is rebuilt
+	r.SetWorkload(&model.Workload{Name: "w", Namespace: "shop", Labels: map[string]string{"app": "c"}, IPs: []string{"10.1.0.1"}})
+	r.SetWorkload(&model.Workload{Name: "v", Namespace: "other", Labels: map[string]string{"app": "f"}, IPs: []string{"10.2.0.1"}})
+	assert.Equal(t, []string{"10.1.0.1:80@80"}, eps("c.shop.svc.cluster.local"))
+	assert.Equal(t, []string{"10.1.0.1:80@80"}, eps("e.shop.svc.cluster.local"), "the new entry is in its namespace's index")
+	assert.Empty(t, eps("d.shop.svc.cluster.local"))
+	assert.Equal(t, []string{"10.2.0.1:80@80"}, eps("f.other.svc.cluster.local"), "an unchanged namespace keeps its index")
+}

@@ -31,6 +31,7 @@ type ServiceEntries struct {
 	owner     map[string]*seEntry                    // which entry owns a host
 	endpoints map[string][]*model.Endpoint           // by host
 	sorted    []*model.Service                       // services by host, made when asked; nil after a change
+	gen       uint64                                 // SetConfigs calls
 	handlers  []Handler
 	// spare holds the maps SetConfigs replaced last time, cleared and filled again by the
 	// next: a config change allocates what changed, not a copy of the mesh's services.
@@ -58,6 +59,10 @@ type seEntry struct {
 	services []*model.Service // those it owns (a host defined twice goes to the first entry)
 	pos      int              // index in entries
 	selKey   string           // leastLabel of its workload selector
+	gen      uint64           // the SetConfigs that last listed it
+	// sameServices: the last SetConfigs kept the entry and what it owns (its endpoints
+	// are the ones it had).
+	sameServices bool
 }
 
 // NewServiceEntries returns an empty registry.
@@ -124,39 +129,49 @@ func (r *ServiceEntries) Workloads() []*model.Workload {
 // notifies handlers of what changed.
 func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 	// Sized as before: a change adds or removes a few of them.
-	entries := make([]*seEntry, 0, len(r.entries))
+	ses := make([]*config.Config, 0, len(r.entries))
 	wes := make(map[string][]*config.Config, len(r.wes))
 	for _, c := range cs {
 		switch c.Kind {
 		case config.ServiceEntry:
-			entries = append(entries, &seEntry{cfg: c, spec: c.Spec.(*networking.ServiceEntry)})
+			ses = append(ses, c)
 		case config.WorkloadEntry:
 			wes[c.Namespace] = append(wes[c.Namespace], c)
 		}
 	}
-	sort.Slice(entries, func(i, j int) bool { return config.KeyLess(entries[i].cfg.Key(), entries[j].cfg.Key()) })
+	config.SortConfigs(ses)
 	for _, list := range wes {
 		config.SortConfigs(list)
 	}
 
 	r.mu.Lock()
-	// An unchanged config (sources keep its pointer) defines the services it did.
+	// An unchanged config (sources keep its pointer) keeps its entry: the services it
+	// defines, its selector key, and what it owned unless a host changed hands.
 	had := reuse(r.spare.had, len(r.entries))
 	defer func() { clear(had); r.spare.had = had }()
 	for _, e := range r.entries {
 		had[e.cfg] = e
 	}
+	r.gen++
+	entries := make([]*seEntry, 0, len(ses))
+	changedNS := map[string]bool{} // namespaces whose entries came or went
 	services := reuse(r.spare.services, len(r.services))
 	owner := reuse(r.spare.owner, len(r.services))
-	for _, e := range entries {
-		if o := had[e.cfg]; o != nil {
-			e.defined, e.selKey = o.defined, o.selKey
-		} else {
+	for i, c := range ses {
+		e := had[c]
+		if e == nil {
+			e = &seEntry{cfg: c, spec: c.Spec.(*networking.ServiceEntry)}
 			e.defined = servicesOf(e.cfg, e.spec)
 			if sel := e.spec.GetWorkloadSelector(); sel != nil {
 				e.selKey = leastLabel(sel.GetLabels())
 			}
+			changedNS[c.Namespace] = true
 		}
+		e.pos, e.gen = i, r.gen
+		entries = append(entries, e)
+		owned := e.services[:0:0] // filled only if it differs from what the entry owned
+		n := 0
+		e.sameServices = had[c] != nil
 		for _, s := range e.defined {
 			if prev, dup := owner[s.Hostname]; dup {
 				r.log.Warn("host defined by two ServiceEntries; the first wins", "host", s.Hostname, "winner", prev.cfg.Key().String(), "ignored", e.cfg.Key().String())
@@ -168,17 +183,40 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 			}
 			services[s.Hostname] = s
 			owner[s.Hostname] = e
-			e.services = append(e.services, s)
+			if e.sameServices && (n >= len(e.services) || e.services[n] != s) {
+				e.sameServices, owned = false, slices.Clone(e.services[:n])
+			}
+			if !e.sameServices {
+				owned = append(owned, s)
+			}
+			n++
+		}
+		if e.sameServices && n != len(e.services) {
+			e.sameServices, owned = false, slices.Clone(e.services[:n])
+		}
+		if !e.sameServices {
+			e.services = owned
 		}
 	}
-	selecting := map[string]map[string][]*seEntry{}
-	for i, e := range entries {
-		e.pos = i
-		if sel := e.spec.GetWorkloadSelector(); sel != nil {
-			if selecting[e.cfg.Namespace] == nil {
-				selecting[e.cfg.Namespace] = map[string][]*seEntry{}
+	for _, e := range r.entries {
+		if e.gen != r.gen {
+			changedNS[e.cfg.Namespace] = true // removed
+		}
+	}
+	// The selecting index of a namespace whose entries are the same entries is kept.
+	selecting := make(map[string]map[string][]*seEntry, len(r.selecting))
+	for ns, bySel := range r.selecting {
+		if !changedNS[ns] {
+			selecting[ns] = bySel
+		}
+	}
+	for _, e := range entries {
+		ns := e.cfg.Namespace
+		if changedNS[ns] && e.spec.GetWorkloadSelector() != nil {
+			if selecting[ns] == nil {
+				selecting[ns] = map[string][]*seEntry{}
 			}
-			selecting[e.cfg.Namespace][e.selKey] = append(selecting[e.cfg.Namespace][e.selKey], e)
+			selecting[ns][e.selKey] = append(selecting[ns][e.selKey], e)
 		}
 	}
 	// Namespaces whose WorkloadEntries are the very configs they were keep their index, and
@@ -226,8 +264,7 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 		// An unchanged entry owning the same services has the endpoints it had, unless it
 		// selects workloads and its namespace's WorkloadEntries changed (auto-registered
 		// workloads update r.endpoints in place as they come and go).
-		if o := had[e.cfg]; o != nil && slices.Equal(o.services, e.services) &&
-			(e.spec.GetWorkloadSelector() == nil || !weChanged[e.cfg.Namespace]) {
+		if e.sameServices && (e.spec.GetWorkloadSelector() == nil || !weChanged[e.cfg.Namespace]) {
 			for _, s := range e.services {
 				if eps, ok := r.endpoints[s.Hostname]; ok {
 					endpoints[s.Hostname] = eps
