@@ -294,3 +294,47 @@ func TestSyncPathsReadsWhatTheWatcherNamed(t *testing.T) {
 	require.NoError(t, s.SyncPaths(paths("sub")))
 	assert.Equal(t, []string{"b", "c"}, names(), "a removed directory takes its files' configs")
 }
+
+// Through the watcher, as editors and tools change files: a save by rename over the file,
+// a removal, and a new subdirectory with a file in it.
+func TestRunFollowsRenamesRemovalsAndNewDirectories(t *testing.T) {
+	dir := t.TempDir()
+	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 80))
+	write(t, filepath.Join(dir, "b.yaml"), se("b", 80))
+	require.NoError(t, s.Sync())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	inForce := func(name string) bool {
+		for _, c := range s.List() {
+			if c.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+
+	// The watch starts asynchronously: save until the change is seen.
+	n := 0
+	require.Eventually(t, func() bool {
+		n++
+		tmp := filepath.Join(dir, ".a.yaml.tmp")
+		write(t, tmp, se("a", 8000+n))
+		require.NoError(t, os.Rename(tmp, filepath.Join(dir, "a.yaml")))
+		time.Sleep(100 * time.Millisecond)
+		return portOf(t, s, "a") > 8000
+	}, 10*time.Second, 10*time.Millisecond, "a save by rename")
+	assert.Equal(t, uint32(80), portOf(t, s, "b"))
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "b.yaml")))
+	require.Eventually(t, func() bool { return !inForce("b") }, 10*time.Second, 10*time.Millisecond, "a removal")
+
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "sub"), 0o755))
+	write(t, filepath.Join(dir, "sub", "c.yaml"), se("c", 80))
+	require.Eventually(t, func() bool { return inForce("c") }, 10*time.Second, 10*time.Millisecond, "a new directory")
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "sub")))
+	require.Eventually(t, func() bool { return !inForce("c") }, 10*time.Second, 10*time.Millisecond, "a removed directory")
+	assert.True(t, inForce("a"))
+}
