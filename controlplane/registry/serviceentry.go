@@ -169,7 +169,8 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 		}
 		e.pos, e.gen = i, r.gen
 		entries = append(entries, e)
-		owned := e.services[:0:0] // filled only if it differs from what the entry owned
+		// What it owns now, copied only once it differs from what it owned.
+		var owned []*model.Service
 		n := 0
 		e.sameServices = had[c] != nil
 		for _, s := range e.defined {
