@@ -127,27 +127,26 @@ func isConfigFile(name string) bool {
 
 // Sync reads the whole directory, applies what is valid and notifies handlers of changes.
 // It returns an error only when the directory itself cannot be read.
-func (s *Source) Sync() error {
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	files, err := s.walk()
-	if err != nil {
-		return err
-	}
-	s.apply(files, nil)
-	return nil
-}
+func (s *Source) Sync() error { return s.sync(nil) }
 
 // SyncPaths is Sync for a change the watcher saw at paths: only those files are read again,
 // the others are known. What is not a plain config file of the tree as Sync walks it (a
 // directory, a name that was one, a symlink farm's swap), or a directory with files that
 // could not be read last time, is read whole.
-func (s *Source) SyncPaths(paths map[string]struct{}) error {
+func (s *Source) SyncPaths(paths map[string]struct{}) error { return s.sync(paths) }
+
+// sync reads the files at paths again (nil: walks the tree and reads every file).
+func (s *Source) sync(paths map[string]struct{}) error {
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
-	s.mu.RLock()
-	files, reread, ok := s.filesAfter(paths)
-	s.mu.RUnlock()
+	var files []string
+	var reread map[string]bool
+	ok := false
+	if paths != nil {
+		s.mu.RLock()
+		files, reread, ok = s.filesAfter(paths)
+		s.mu.RUnlock()
+	}
 	if !ok {
 		var err error
 		if files, err = s.walk(); err != nil {
