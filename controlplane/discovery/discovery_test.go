@@ -303,13 +303,16 @@ spec: {hosts: [extra.demo.svc.cluster.local], resolution: STATIC, ports: [{numbe
 // proxy whose Sidecar does not reach the changed service is left alone, unless the service
 // is in its own namespace (it may select the proxy); the unscoped proxy sees everything.
 func TestServiceChangesPushOnlyTheProxiesTheyConcern(t *testing.T) {
-	e := start(t, map[string]string{"services.yaml": services, "sidecar.yaml": `
+	sidecar := func(hosts string) string {
+		return `
 apiVersion: networking.istio.io/v1
 kind: Sidecar
 metadata: {name: default, namespace: scoped}
 spec:
-  egress: [{hosts: [demo/backend.demo.svc.cluster.local]}]
-`, "vs.yaml": `
+  egress: [{hosts: [` + hosts + `]}]
+`
+	}
+	e := start(t, map[string]string{"services.yaml": services, "sidecar.yaml": sidecar("demo/backend.demo.svc.cluster.local"), "vs.yaml": `
 apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {name: backend, namespace: demo}
@@ -420,13 +423,7 @@ spec: {host: other.other.svc.cluster.local, trafficPolicy: {loadBalancer: {simpl
 
 	// A Sidecar change (every proxy pushed) widens the scope to the other namespace: the
 	// scopes the next services-only push judges by are the new ones.
-	e.write("sidecar.yaml", `
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {name: default, namespace: scoped}
-spec:
-  egress: [{hosts: [demo/backend.demo.svc.cluster.local, other/*]}]
-`)
+	e.write("sidecar.yaml", sidecar("demo/backend.demo.svc.cluster.local, other/*"))
 	wait(t, sc, has(adsc.ClusterType, "outbound|9090||other.other.svc.cluster.local"))
 	settled(base+5, 2)
 	e.write("more.yaml", serviceIn("more", "other", 9095))

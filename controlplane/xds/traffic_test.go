@@ -429,9 +429,10 @@ spec:
 
 // Each form of Sidecar egress host imports what it names: an exact host in a namespace or
 // in any, a namespace's wildcard (honouring exportTo), a wildcard host pattern.
-func TestSidecarEgressHostsImportWhatTheyName(t *testing.T) {
-	se := func(name, ns, host, extra string) string {
-		return `---
+// staticSE is a ServiceEntry document for host on port 80 with one endpoint; extra adds
+// spec fields.
+func staticSE(name, ns, host, extra string) string {
+	return `---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: ` + name + `, namespace: ` + ns + `}
@@ -441,7 +442,10 @@ spec:
   ports: [{number: 80, name: http}]
   endpoints: [{address: 10.0.0.1}]
 ` + extra
-	}
+}
+
+func TestSidecarEgressHostsImportWhatTheyName(t *testing.T) {
+	se := staticSE
 	cfg := se("a", "shop", "a.shop.svc.cluster.local", "") + se("b", "shop", "b.shop.svc.cluster.local", "") +
 		se("c", "other", "c.other.svc.cluster.local", "") + se("d", "other", "d.other.svc.cluster.local", "  exportTo: [.]\n") +
 		se("e", "third", "e.third.svc.cluster.local", "") + se("f", "third", "f.third.svc.cluster.local", "") +
@@ -469,16 +473,7 @@ spec:
 // VirtualService routes to, and one whose exportTo hides it.
 func TestScopeReachesAnswersAsAScopeBuiltOnTheNewSnapshot(t *testing.T) {
 	se := func(name, ns, extra string) string {
-		return `---
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: ` + name + `, namespace: ` + ns + `}
-spec:
-  hosts: ["` + name + `.` + ns + `.svc.cluster.local"]
-  resolution: STATIC
-  ports: [{number: 80, name: http}]
-  endpoints: [{address: 10.0.0.1}]
-` + extra
+		return staticSE(name, ns, name+"."+ns+".svc.cluster.local", extra)
 	}
 	traffic := `---
 apiVersion: networking.istio.io/v1

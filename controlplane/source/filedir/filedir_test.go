@@ -33,6 +33,28 @@ func write(t testing.TB, path, data string) {
 	require.NoError(t, os.WriteFile(path, []byte(data), 0o644))
 }
 
+// newSource returns a source for dir that logs nowhere.
+func newSource(dir string) *Source {
+	return New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+}
+
+// watch runs the source's watcher until the test ends.
+func watch(t *testing.T, s *Source) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+}
+
+// configNames lists the names of the configs in force, in order.
+func configNames(s *Source) []string {
+	var out []string
+	for _, c := range s.List() {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
 func portOf(t *testing.T, s *Source, name string) uint32 {
 	for _, c := range s.List() {
 		if c.Name == name {
@@ -86,7 +108,7 @@ func TestBadDocumentKeepsLastGoodAndOthersApply(t *testing.T) {
 
 func TestDuplicateKeyAcrossFilesRejected(t *testing.T) {
 	dir := t.TempDir()
-	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	s := newSource(dir)
 	write(t, filepath.Join(dir, "1.yaml"), se("a", 8080))
 	write(t, filepath.Join(dir, "2.yaml"), se("a", 8081))
 	require.NoError(t, s.Sync())
@@ -96,7 +118,7 @@ func TestDuplicateKeyAcrossFilesRejected(t *testing.T) {
 
 func TestRunWatchesDirectory(t *testing.T) {
 	dir := t.TempDir()
-	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	s := newSource(dir)
 	var mu sync.Mutex
 	seen := map[config.Key]bool{}
 	s.AddHandler(func(c map[config.Key]struct{}) {
@@ -107,10 +129,7 @@ func TestRunWatchesDirectory(t *testing.T) {
 		}
 	})
 	require.NoError(t, s.Sync())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- s.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	watch(t, s)
 
 	key := config.Key{Kind: config.ServiceEntry, Namespace: "default", Name: "late"}
 	// The watch is registered asynchronously; rewriting the file until it is seen avoids a race
@@ -127,7 +146,7 @@ func TestRunWatchesDirectory(t *testing.T) {
 // still falls back to its last good version afterwards.
 func TestLastGoodSurvivesAnEmptyReadInBetween(t *testing.T) {
 	dir := t.TempDir()
-	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	s := newSource(dir)
 	write(t, filepath.Join(dir, "a.yaml"), se("a", 8080)+"---\n"+se("b", 8081))
 	require.NoError(t, s.Sync())
 	write(t, filepath.Join(dir, "a.yaml"), "")
@@ -185,7 +204,7 @@ func TestReadChangedKeepsUnchangedBytes(t *testing.T) {
 // to another file is reported with its new source.
 func TestListFollowsSmallChanges(t *testing.T) {
 	dir := t.TempDir()
-	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	s := newSource(dir)
 	var changes []map[config.Key]struct{}
 	s.AddHandler(func(changed map[config.Key]struct{}) { changes = append(changes, changed) })
 	big := func(port int) string {
@@ -252,17 +271,10 @@ func TestListFollowsSmallChanges(t *testing.T) {
 // directory it names is read whole, as a walk would.
 func TestSyncPathsReadsWhatTheWatcherNamed(t *testing.T) {
 	dir := t.TempDir()
-	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	s := newSource(dir)
 	write(t, filepath.Join(dir, "a.yaml"), se("a", 80))
 	write(t, filepath.Join(dir, "b.yaml"), se("b", 80))
 	require.NoError(t, s.Sync())
-	names := func() []string {
-		var out []string
-		for _, c := range s.List() {
-			out = append(out, c.Name)
-		}
-		return out
-	}
 	paths := func(rels ...string) map[string]struct{} {
 		out := map[string]struct{}{}
 		for _, rel := range rels {
@@ -281,40 +293,30 @@ func TestSyncPathsReadsWhatTheWatcherNamed(t *testing.T) {
 
 	require.NoError(t, os.Remove(filepath.Join(dir, "a.yaml")))
 	require.NoError(t, s.SyncPaths(paths("a.yaml")))
-	assert.Equal(t, []string{"b", "c"}, names())
+	assert.Equal(t, []string{"b", "c"}, configNames(s))
 	assert.Equal(t, uint32(80), portOf(t, s, "b"))
 
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "sub"), 0o755))
 	write(t, filepath.Join(dir, "sub", "d.yaml"), se("d", 84))
 	require.NoError(t, s.SyncPaths(paths("sub")))
-	assert.Equal(t, []string{"b", "c", "d"}, names())
+	assert.Equal(t, []string{"b", "c", "d"}, configNames(s))
 	assert.Equal(t, uint32(82), portOf(t, s, "b"), "a directory is read whole")
 
 	require.NoError(t, os.RemoveAll(filepath.Join(dir, "sub")))
 	require.NoError(t, s.SyncPaths(paths("sub")))
-	assert.Equal(t, []string{"b", "c"}, names(), "a removed directory takes its files' configs")
+	assert.Equal(t, []string{"b", "c"}, configNames(s), "a removed directory takes its files' configs")
 }
 
 // Through the watcher, as editors and tools change files: a save by rename over the file,
 // a removal, and a new subdirectory with a file in it.
 func TestRunFollowsRenamesRemovalsAndNewDirectories(t *testing.T) {
 	dir := t.TempDir()
-	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	s := newSource(dir)
 	write(t, filepath.Join(dir, "a.yaml"), se("a", 80))
 	write(t, filepath.Join(dir, "b.yaml"), se("b", 80))
 	require.NoError(t, s.Sync())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- s.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
-	inForce := func(name string) bool {
-		for _, c := range s.List() {
-			if c.Name == name {
-				return true
-			}
-		}
-		return false
-	}
+	watch(t, s)
+	inForce := func(name string) bool { return slices.Contains(configNames(s), name) }
 
 	// The watch starts asynchronously: save until the change is seen.
 	n := 0

@@ -1,17 +1,12 @@
 package filedir
 
 import (
-	"io"
-	"log/slog"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
-
-	"github.com/wasmesh/wasmesh/controlplane/metrics"
 )
 
 // BenchmarkSyncOneChangedFile is what a change to one small file costs in a directory of
@@ -29,7 +24,7 @@ func BenchmarkSyncOneChangedFile(b *testing.B) {
 				}
 				write(b, filepath.Join(dir, "services-"+strconv.Itoa(f)+".yaml"), part.String())
 			}
-			s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+			s := newSource(dir)
 			require.NoError(b, s.Sync())
 			extra := filepath.Join(dir, "extra.yaml")
 			b.ResetTimer()
