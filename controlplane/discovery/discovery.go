@@ -118,7 +118,7 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 			}
 			// The registry reports service and endpoint changes itself; the config request
 			// covers every other kind.
-			d.Entries.SetConfigs(d.Configs.List())
+			d.Entries.UpdateConfigs(changed, d.Configs.Get)
 			d.Server.ConfigUpdate(push.NewFull(push.ReasonConfig, keys...))
 		})
 	}

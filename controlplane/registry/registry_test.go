@@ -4,8 +4,10 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +25,7 @@ func parse(t *testing.T, y string) []*config.Config {
 	t.Helper()
 	var out []*config.Config
 	for _, d := range config.ParseFile("test.yaml", []byte(y)) {
-		require.Nil(t, d.Err)
+		require.Nil(t, d.Err, "%v", d.Err)
 		out = append(out, d.Config)
 	}
 	return out
@@ -377,4 +379,89 @@ func TestKeptEntriesFollowOwnershipAndSelectorIndex(t *testing.T) {
 	assert.Equal(t, []string{"10.1.0.1:80@80"}, eps("e.shop.svc.cluster.local"), "the new entry is in its namespace's index")
 	assert.Empty(t, eps("d.shop.svc.cluster.local"))
 	assert.Equal(t, []string{"10.2.0.1:80@80"}, eps("f.other.svc.cluster.local"), "an unchanged namespace keeps its index")
+}
+
+// Changes applied by key (UpdateConfigs, as the config sources call it) leave the registry
+// as one built from scratch on the same configs, and every host whose service or endpoints
+// differ from before is in the change's event: a random walk over ServiceEntries sharing
+// hosts (the first by namespace/name owns one), selecting WorkloadEntries and
+// auto-registered workloads, DNS entries, and removals.
+func TestIncrementalChangesMatchARegistryBuiltFromScratch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	namespaces := []string{"a", "b"}
+	pick := func(list []string) string { return list[rng.IntN(len(list))] }
+	se := func(ns, name string) *config.Config {
+		hosts := []string{"h" + strconv.Itoa(rng.IntN(6)) + ".example"}
+		if rng.IntN(3) == 0 {
+			hosts = append(hosts, "h"+strconv.Itoa(rng.IntN(6))+".example")
+		}
+		rest := "endpoints: [{address: 10.9." + strconv.Itoa(rng.IntN(9)) + ".1}]"
+		switch rng.IntN(4) {
+		case 0, 1:
+			rest = "workloadSelector: {labels: {app: " + pick([]string{"x", "z"}) + "}}"
+		case 2:
+			rest = "resolution: DNS"
+		}
+		if !strings.Contains(rest, "DNS") {
+			rest += ", resolution: STATIC"
+		}
+		return parse(t, "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: "+name+", namespace: "+ns+"}\n"+
+			"spec: {hosts: ["+strings.Join(hosts, ", ")+"], ports: [{number: "+pick([]string{"80", "81"})+", name: http}], "+rest+"}\n")[0]
+	}
+	we := func(ns, name string) *config.Config {
+		return parse(t, "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: "+name+", namespace: "+ns+"}\n"+
+			"spec: {address: 10.1."+strconv.Itoa(rng.IntN(9))+".1, labels: {app: "+pick([]string{"x", "z"})+"}}\n")[0]
+	}
+	hosts := func(r *ServiceEntries) map[string]string {
+		out := map[string]string{}
+		for i := range 6 {
+			h := "h" + strconv.Itoa(i) + ".example"
+			desc := ""
+			for _, s := range r.Services() {
+				if s.Hostname == h {
+					desc = s.Source + " " + itoa(s.Ports[0].Port)
+				}
+			}
+			out[h] = desc + " " + strings.Join(addrs(r.Endpoints(h)), ",")
+		}
+		return out
+	}
+
+	r, rec, _ := newRegistry(t)
+	inForce := map[config.Key]*config.Config{}
+	r.SetWorkload(&model.Workload{Name: "w", Namespace: "a", Labels: map[string]string{"app": "x"}, IPs: []string{"10.2.0.1"}})
+	for step := range 300 {
+		before, events := hosts(r), len(rec.all())
+		changed := map[config.Key]struct{}{}
+		for range 1 + rng.IntN(3) {
+			ns, name := pick(namespaces), "c"+strconv.Itoa(rng.IntN(5))
+			c := se(ns, name)
+			if rng.IntN(2) == 0 {
+				c = we(ns, name)
+			}
+			if rng.IntN(4) == 0 {
+				delete(inForce, c.Key())
+			} else {
+				inForce[c.Key()] = c
+			}
+			changed[c.Key()] = struct{}{}
+		}
+		r.UpdateConfigs(changed, func(k config.Key) *config.Config { return inForce[k] })
+
+		fresh, _, _ := newRegistry(t)
+		fresh.SetWorkload(&model.Workload{Name: "w", Namespace: "a", Labels: map[string]string{"app": "x"}, IPs: []string{"10.2.0.1"}})
+		fresh.SetConfigs(slices.Collect(maps.Values(inForce)))
+		after := hosts(r)
+		require.Equal(t, hosts(fresh), after, "step %d", step)
+		var reported map[string]struct{}
+		if ev := rec.all(); len(ev) > events {
+			require.Len(t, ev, events+1, "step %d: one event per change", step)
+			reported = ev[events].Hosts
+		}
+		for h := range after {
+			if after[h] != before[h] {
+				assert.Contains(t, reported, h, "step %d: %s changed from %q to %q", step, h, before[h], after[h])
+			}
+		}
+	}
 }

@@ -3,6 +3,7 @@ package registry
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -17,60 +18,44 @@ import (
 
 // ServiceEntries is the registry built from ServiceEntry and WorkloadEntry configs plus
 // auto-registered workloads. A ServiceEntry's hosts are visible mesh-wide.
+//
+// Config changes are applied by key: a change costs the configs it touches and the hosts
+// and workload selectors they reach, not the size of the mesh.
 type ServiceEntries struct {
 	log     *slog.Logger
 	metrics *metrics.Metrics
 
 	mu        sync.RWMutex
-	entries   []*seEntry                             // sorted by namespace/name
-	selecting map[string]map[string][]*seEntry       // entries with a workload selector, by namespace and leastLabel
-	wes       map[string][]*config.Config            // WorkloadEntries by namespace
-	weByLabel map[string]map[string][]*config.Config // WorkloadEntries by namespace and labelKey(k, v)
-	workloads map[string]map[string]*model.Workload  // auto-registered, by namespace and key
-	services  map[string]*model.Service              // by host
-	owner     map[string]*seEntry                    // which entry owns a host
-	endpoints map[string][]*model.Endpoint           // by host
-	sorted    []*model.Service                       // services by host, made when asked; nil after a change
-	gen       uint64                                 // SetConfigs calls
+	configs   map[config.Key]*config.Config            // the ServiceEntries and WorkloadEntries in force
+	entries   map[config.Key]*seEntry                  // by ServiceEntry key
+	definers  map[string][]*seEntry                    // entries defining each host, in key order: the first owns it
+	selecting map[string]map[string][]*seEntry         // entries with a workload selector, by namespace and leastLabel
+	wes       map[string]map[config.Key]*config.Config // WorkloadEntries by namespace
+	weByLabel map[string]map[string][]*config.Config   // WorkloadEntries by namespace and labelKey(k, v)
+	workloads map[string]map[string]*model.Workload    // auto-registered, by namespace and key
+	services  map[string]*model.Service                // by host: its owner's
+	endpoints map[string][]*model.Endpoint             // by host
+	sorted    []*model.Service                         // services by host, made when asked; replaced, never changed in place
 	handlers  []Handler
-	// spare holds the maps SetConfigs replaced last time, cleared and filled again by the
-	// next: a config change allocates what changed, not a copy of the mesh's services.
-	spare struct {
-		had       map[*config.Config]*seEntry
-		services  map[string]*model.Service
-		owner     map[string]*seEntry
-		endpoints map[string][]*model.Endpoint
-	}
-}
-
-// reuse clears a spare map for another fill (or makes one of size n).
-func reuse[K comparable, V any](m map[K]V, n int) map[K]V {
-	if m == nil {
-		return make(map[K]V, n)
-	}
-	clear(m)
-	return m
 }
 
 type seEntry struct {
 	cfg      *config.Config
+	key      config.Key
 	spec     *networking.ServiceEntry
 	defined  []*model.Service // every service of the entry's hosts
 	services []*model.Service // those it owns (a host defined twice goes to the first entry)
-	pos      int              // index in entries
 	selKey   string           // leastLabel of its workload selector
-	gen      uint64           // the SetConfigs that last listed it
-	// sameServices: the last SetConfigs kept the entry and what it owns (its endpoints
-	// are the ones it had).
-	sameServices bool
 }
 
 // NewServiceEntries returns an empty registry.
 func NewServiceEntries(log *slog.Logger, m *metrics.Metrics) *ServiceEntries {
 	return &ServiceEntries{
 		log: log.With("scope", "serviceentry"), metrics: m,
-		wes: map[string][]*config.Config{}, workloads: map[string]map[string]*model.Workload{},
-		services: map[string]*model.Service{}, owner: map[string]*seEntry{}, endpoints: map[string][]*model.Endpoint{},
+		configs: map[config.Key]*config.Config{}, entries: map[config.Key]*seEntry{}, definers: map[string][]*seEntry{},
+		selecting: map[string]map[string][]*seEntry{}, wes: map[string]map[config.Key]*config.Config{},
+		weByLabel: map[string]map[string][]*config.Config{}, workloads: map[string]map[string]*model.Workload{},
+		services: map[string]*model.Service{}, endpoints: map[string][]*model.Endpoint{},
 	}
 }
 
@@ -95,14 +80,12 @@ func (r *ServiceEntries) Services() []*model.Service {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.sorted == nil {
-		r.sorted = make([]*model.Service, 0, len(r.services))
-		for _, s := range r.services {
-			r.sorted = append(r.sorted, s)
-		}
-		slices.SortFunc(r.sorted, func(a, b *model.Service) int { return strings.Compare(a.Hostname, b.Hostname) })
+		r.sorted = slices.SortedFunc(maps.Values(r.services), compareHosts)
 	}
 	return r.sorted
 }
+
+func compareHosts(a, b *model.Service) int { return strings.Compare(a.Hostname, b.Hostname) }
 
 // Endpoints implements Registry.
 func (r *ServiceEntries) Endpoints(host string) []*model.Endpoint {
@@ -126,183 +109,270 @@ func (r *ServiceEntries) Workloads() []*model.Workload {
 }
 
 // SetConfigs replaces the ServiceEntries and WorkloadEntries (other kinds are ignored) and
-// notifies handlers of what changed.
+// notifies handlers of what changed. A config whose pointer is the one in force is
+// unchanged (sources keep the pointers of unchanged configs).
 func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
-	// Sized as before: a change adds or removes a few of them.
-	ses := make([]*config.Config, 0, len(r.entries))
-	wes := make(map[string][]*config.Config, len(r.wes))
-	for _, c := range cs {
-		switch c.Kind {
-		case config.ServiceEntry:
-			ses = append(ses, c)
-		case config.WorkloadEntry:
-			wes[c.Namespace] = append(wes[c.Namespace], c)
-		}
-	}
-	config.SortConfigs(ses)
-	for _, list := range wes {
-		config.SortConfigs(list)
-	}
-
 	r.mu.Lock()
-	// An unchanged config (sources keep its pointer) keeps its entry: the services it
-	// defines, its selector key, and what it owned unless a host changed hands.
-	had := reuse(r.spare.had, len(r.entries))
-	defer func() { clear(had); r.spare.had = had }()
-	for _, e := range r.entries {
-		had[e.cfg] = e
-	}
-	r.gen++
-	entries := make([]*seEntry, 0, len(ses))
-	changedNS := map[string]bool{} // namespaces whose entries came or went
-	services := reuse(r.spare.services, len(r.services))
-	owner := reuse(r.spare.owner, len(r.services))
-	for i, c := range ses {
-		e := had[c]
-		if e == nil {
-			e = &seEntry{cfg: c, spec: c.Spec.(*networking.ServiceEntry)}
-			e.defined = servicesOf(e.cfg, e.spec)
-			if sel := e.spec.GetWorkloadSelector(); sel != nil {
-				e.selKey = leastLabel(sel.GetLabels())
-			}
-			changedNS[c.Namespace] = true
-		}
-		e.pos, e.gen = i, r.gen
-		entries = append(entries, e)
-		// What it owns now, copied only once it differs from what it owned.
-		var owned []*model.Service
-		n := 0
-		e.sameServices = had[c] != nil
-		for _, s := range e.defined {
-			if prev, dup := owner[s.Hostname]; dup {
-				r.log.Warn("host defined by two ServiceEntries; the first wins", "host", s.Hostname, "winner", prev.cfg.Key().String(), "ignored", e.cfg.Key().String())
-				r.metrics.DuplicateServiceHost.Inc()
-				continue
-			}
-			if old := r.services[s.Hostname]; model.ServiceEqual(old, s) {
-				s = old
-			}
-			services[s.Hostname] = s
-			owner[s.Hostname] = e
-			if e.sameServices && (n >= len(e.services) || e.services[n] != s) {
-				e.sameServices, owned = false, slices.Clone(e.services[:n])
-			}
-			if !e.sameServices {
-				owned = append(owned, s)
-			}
-			n++
-		}
-		if e.sameServices && n != len(e.services) {
-			e.sameServices, owned = false, slices.Clone(e.services[:n])
-		}
-		if !e.sameServices {
-			e.services = owned
-		}
-	}
-	for _, e := range r.entries {
-		if e.gen != r.gen {
-			changedNS[e.cfg.Namespace] = true // removed
-		}
-	}
-	// The selecting index of a namespace whose entries are the same entries is kept.
-	selecting := make(map[string]map[string][]*seEntry, len(r.selecting))
-	for ns, bySel := range r.selecting {
-		if !changedNS[ns] {
-			selecting[ns] = bySel
-		}
-	}
-	for _, e := range entries {
-		ns := e.cfg.Namespace
-		if changedNS[ns] && e.spec.GetWorkloadSelector() != nil {
-			if selecting[ns] == nil {
-				selecting[ns] = map[string][]*seEntry{}
-			}
-			selecting[ns][e.selKey] = append(selecting[ns][e.selKey], e)
-		}
-	}
-	// Namespaces whose WorkloadEntries are the very configs they were keep their index, and
-	// their entries' endpoints below.
-	weChanged := map[string]bool{} // namespaces whose WorkloadEntries changed
-	for ns := range r.wes {
-		if !slices.Equal(r.wes[ns], wes[ns]) {
-			weChanged[ns] = true
-		}
-	}
-	for ns := range wes {
-		if _, ok := r.wes[ns]; !ok {
-			weChanged[ns] = true
-		}
-	}
-	byLabel := make(map[string]map[string][]*config.Config, len(wes))
-	for ns, list := range wes {
-		if !weChanged[ns] {
-			byLabel[ns] = r.weByLabel[ns]
-		} else {
-			byLabel[ns] = indexByLabel(list)
-		}
-	}
-	r.entries, r.selecting, r.wes, r.weByLabel = entries, selecting, wes, byLabel
-	ev := Event{Hosts: map[string]struct{}{}}
-	for h, s := range services {
-		if r.services[h] != s {
-			ev.Full = true
-			ev.Hosts[h] = struct{}{}
-		}
-	}
-	for h := range r.services {
-		if _, ok := services[h]; !ok {
-			ev.Full = true
-			ev.Hosts[h] = struct{}{}
-		}
-	}
-	r.spare.services, r.spare.owner = r.services, r.owner
-	r.services, r.owner = services, owner
-	if ev.Full {
-		r.sorted = nil // a new slice: snapshots hold the old one
-	}
-	endpoints := reuse(r.spare.endpoints, len(r.endpoints))
-	for _, e := range entries {
-		// An unchanged entry owning the same services has the endpoints it had, unless it
-		// selects workloads and its namespace's WorkloadEntries changed (auto-registered
-		// workloads update r.endpoints in place as they come and go).
-		if e.sameServices && (e.spec.GetWorkloadSelector() == nil || !weChanged[e.cfg.Namespace]) {
-			for _, s := range e.services {
-				if eps, ok := r.endpoints[s.Hostname]; ok {
-					endpoints[s.Hostname] = eps
-				}
-			}
+	changes := map[config.Key]*config.Config{}
+	listed := make(map[config.Key]bool, len(cs))
+	for _, c := range cs {
+		if c.Kind != config.ServiceEntry && c.Kind != config.WorkloadEntry {
 			continue
 		}
-		r.computeEndpoints(e, endpoints)
+		listed[c.Key()] = true
+		if r.configs[c.Key()] != c {
+			changes[c.Key()] = c
+		}
 	}
-	r.replaceEndpoints(endpoints, nil, ev.Hosts)
-	r.metrics.Services.Set(float64(len(services)))
+	for k := range r.configs {
+		if !listed[k] {
+			changes[k] = nil
+		}
+	}
+	r.apply(changes)
+}
+
+// UpdateConfigs applies the changed keys of a config source: get returns the config in
+// force for a key, nil once it is gone. Keys of other kinds are ignored.
+func (r *ServiceEntries) UpdateConfigs(changed map[config.Key]struct{}, get func(config.Key) *config.Config) {
+	changes := map[config.Key]*config.Config{}
+	for k := range changed {
+		if k.Kind == config.ServiceEntry || k.Kind == config.WorkloadEntry {
+			changes[k] = get(k)
+		}
+	}
+	if len(changes) == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.apply(changes)
+}
+
+// apply installs changes (a nil config: removed), recomputes what they reach and notifies
+// handlers. The caller holds r.mu; apply releases it.
+func (r *ServiceEntries) apply(changes map[config.Key]*config.Config) {
+	hosts := map[string]struct{}{}   // hosts whose definers changed
+	recompute := map[*seEntry]bool{} // entries whose endpoints are computed again
+	var weChanged []*config.Config   // WorkloadEntries that came or went (a change is both)
+	for k, c := range changes {
+		if c == nil || r.configs[k] != c {
+			switch k.Kind {
+			case config.ServiceEntry:
+				if old := r.entries[k]; old != nil {
+					r.removeEntry(old, hosts)
+				}
+				if c != nil {
+					r.addEntry(c, hosts)
+				}
+			case config.WorkloadEntry:
+				if old := r.wes[k.Namespace][k]; old != nil {
+					r.removeWorkloadEntry(old)
+					weChanged = append(weChanged, old)
+				}
+				if c != nil {
+					r.addWorkloadEntry(c)
+					weChanged = append(weChanged, c)
+				}
+			}
+		}
+		if c == nil {
+			delete(r.configs, k)
+		} else {
+			r.configs[k] = c
+		}
+	}
+	// Who owns the hosts whose definers changed, and what every definer of them owns now.
+	ev := Event{Hosts: map[string]struct{}{}}
+	for h := range hosts {
+		for _, e := range r.definers[h] {
+			r.reown(e)
+		}
+		var svc *model.Service
+		if ds := r.definers[h]; len(ds) > 0 {
+			svc = ds[0].owned(h)
+			recompute[ds[0]] = true // its endpoints fill the host (in scope below)
+		}
+		if old := r.services[h]; old != svc {
+			ev.Full = true
+			ev.Hosts[h] = struct{}{}
+			r.sorted = replaceSorted(r.sorted, old, svc)
+			if svc == nil {
+				delete(r.services, h)
+			} else {
+				r.services[h] = svc
+			}
+		}
+	}
+	// Entries selecting a WorkloadEntry that changed follow it.
+	for _, c := range weChanged {
+		r.addSelecting(recompute, c.Namespace, c.Spec.(*networking.WorkloadEntry).GetLabels())
+	}
+	scope := make(map[string]bool, len(hosts))
+	for h := range hosts {
+		scope[h] = true // a host nobody owns any more loses its endpoints
+	}
+	r.recomputeEndpoints(recompute, scope, ev.Hosts)
+	r.metrics.Services.Set(float64(len(r.services)))
 	handlers := r.handlers
 	r.mu.Unlock()
 	notify(handlers, ev)
 }
 
-// replaceEndpoints installs computed endpoints for the hosts in scope (every host when scope
-// is nil), recording in changed the hosts whose endpoints differ.
-func (r *ServiceEntries) replaceEndpoints(computed map[string][]*model.Endpoint, scope map[string]bool, changed map[string]struct{}) {
-	if scope == nil {
-		for h, old := range r.endpoints {
-			if _, ok := computed[h]; !ok && len(old) > 0 {
-				changed[h] = struct{}{}
-			}
+// addEntry indexes a new ServiceEntry, recording the hosts it defines.
+func (r *ServiceEntries) addEntry(c *config.Config, hosts map[string]struct{}) *seEntry {
+	e := &seEntry{cfg: c, key: c.Key(), spec: c.Spec.(*networking.ServiceEntry)}
+	for _, s := range servicesOf(c, e.spec) {
+		if !slices.ContainsFunc(e.defined, func(d *model.Service) bool { return d.Hostname == s.Hostname }) {
+			e.defined = append(e.defined, s) // a host listed twice is defined once
 		}
-		for h, eps := range computed {
-			if !model.EndpointsEqual(r.endpoints[h], eps) {
-				changed[h] = struct{}{}
-			} else {
-				computed[h] = r.endpoints[h]
-			}
-		}
-		r.spare.endpoints, r.endpoints = r.endpoints, computed
-		return
 	}
-	// Only the hosts in scope change, in place (every reader holds r.mu): a workload
-	// change costs its few hosts, not a copy of the mesh's endpoints.
+	for _, s := range e.defined {
+		ds := r.definers[s.Hostname]
+		i, _ := slices.BinarySearchFunc(ds, e.key, func(d *seEntry, k config.Key) int { return config.CompareKeys(d.key, k) })
+		r.definers[s.Hostname] = slices.Insert(ds, i, e)
+		hosts[s.Hostname] = struct{}{}
+		if len(ds) > 0 {
+			winner := r.definers[s.Hostname][0]
+			r.log.Warn("host defined by two ServiceEntries; the first wins", "host", s.Hostname, "winner", winner.key.String(), "ignored", other(ds, e, winner).key.String())
+			r.metrics.DuplicateServiceHost.Inc()
+		}
+	}
+	if sel := e.spec.GetWorkloadSelector(); sel != nil {
+		e.selKey = leastLabel(sel.GetLabels())
+		bySel := r.selecting[c.Namespace]
+		if bySel == nil {
+			bySel = map[string][]*seEntry{}
+			r.selecting[c.Namespace] = bySel
+		}
+		bySel[e.selKey] = append(bySel[e.selKey], e)
+	}
+	r.entries[e.key] = e
+	return e
+}
+
+// other is an entry of ds besides the winner: the one ignored for it (e, unless e won).
+func other(ds []*seEntry, e, winner *seEntry) *seEntry {
+	if e != winner {
+		return e
+	}
+	return ds[0]
+}
+
+// removeEntry unindexes a ServiceEntry, recording the hosts it defined.
+func (r *ServiceEntries) removeEntry(e *seEntry, hosts map[string]struct{}) {
+	for _, s := range e.defined {
+		ds := slices.DeleteFunc(r.definers[s.Hostname], func(d *seEntry) bool { return d == e })
+		if len(ds) == 0 {
+			delete(r.definers, s.Hostname)
+		} else {
+			r.definers[s.Hostname] = ds
+		}
+		hosts[s.Hostname] = struct{}{}
+	}
+	if bySel := r.selecting[e.cfg.Namespace]; e.spec.GetWorkloadSelector() != nil && bySel != nil {
+		list := slices.DeleteFunc(bySel[e.selKey], func(d *seEntry) bool { return d == e })
+		if len(list) == 0 {
+			delete(bySel, e.selKey)
+		} else {
+			bySel[e.selKey] = list
+		}
+		if len(bySel) == 0 {
+			delete(r.selecting, e.cfg.Namespace)
+		}
+	}
+	delete(r.entries, e.key)
+}
+
+// reown brings what e owns up to date with the definers of its hosts, keeping the service a
+// host had when it is equal.
+func (r *ServiceEntries) reown(e *seEntry) {
+	var owned []*model.Service
+	for _, s := range e.defined {
+		if r.definers[s.Hostname][0] != e {
+			continue
+		}
+		if old := r.services[s.Hostname]; model.ServiceEqual(old, s) {
+			s = old
+		}
+		owned = append(owned, s)
+	}
+	e.services = owned
+}
+
+// owned returns the service e owns for host (nil if it does not own it).
+func (e *seEntry) owned(host string) *model.Service {
+	for _, s := range e.services {
+		if s.Hostname == host {
+			return s
+		}
+	}
+	return nil
+}
+
+// owns reports whether e owns host (caller holds r.mu).
+func (r *ServiceEntries) owns(e *seEntry, host string) bool {
+	ds := r.definers[host]
+	return len(ds) > 0 && ds[0] == e
+}
+
+// replaceSorted returns sorted with old replaced by cur (either may be nil), as a new
+// slice: snapshots hold the old one. A nil sorted stays nil (made when asked).
+func replaceSorted(sorted []*model.Service, old, cur *model.Service) []*model.Service {
+	if sorted == nil {
+		return nil
+	}
+	host := cur
+	if host == nil {
+		host = old
+	}
+	i, found := slices.BinarySearchFunc(sorted, host.Hostname, func(s *model.Service, h string) int { return strings.Compare(s.Hostname, h) })
+	switch {
+	case found && cur != nil:
+		sorted = slices.Clone(sorted)
+		sorted[i] = cur
+	case found:
+		sorted = slices.Delete(slices.Clone(sorted), i, i+1)
+	case cur != nil:
+		sorted = slices.Insert(slices.Clip(sorted), i, cur)
+	}
+	return sorted
+}
+
+// addWorkloadEntry indexes a WorkloadEntry by namespace and label.
+func (r *ServiceEntries) addWorkloadEntry(c *config.Config) {
+	if r.wes[c.Namespace] == nil {
+		r.wes[c.Namespace] = map[config.Key]*config.Config{}
+		r.weByLabel[c.Namespace] = map[string][]*config.Config{}
+	}
+	r.wes[c.Namespace][c.Key()] = c
+	byLabel := r.weByLabel[c.Namespace]
+	for k, v := range c.Spec.(*networking.WorkloadEntry).GetLabels() {
+		byLabel[labelKey(k, v)] = append(byLabel[labelKey(k, v)], c)
+	}
+}
+
+// removeWorkloadEntry unindexes a WorkloadEntry.
+func (r *ServiceEntries) removeWorkloadEntry(c *config.Config) {
+	delete(r.wes[c.Namespace], c.Key())
+	byLabel := r.weByLabel[c.Namespace]
+	for k, v := range c.Spec.(*networking.WorkloadEntry).GetLabels() {
+		list := slices.DeleteFunc(byLabel[labelKey(k, v)], func(o *config.Config) bool { return o == c })
+		if len(list) == 0 {
+			delete(byLabel, labelKey(k, v))
+		} else {
+			byLabel[labelKey(k, v)] = list
+		}
+	}
+	if len(r.wes[c.Namespace]) == 0 {
+		delete(r.wes, c.Namespace)
+		delete(r.weByLabel, c.Namespace)
+	}
+}
+
+// replaceEndpoints installs the computed endpoints of the hosts in scope, in place (every
+// reader holds r.mu), recording in changed the hosts whose endpoints differ: a change
+// costs its few hosts, not a copy of the mesh's endpoints.
+func (r *ServiceEntries) replaceEndpoints(computed map[string][]*model.Endpoint, scope map[string]bool, changed map[string]struct{}) {
 	for h := range scope {
 		if !model.EndpointsEqual(r.endpoints[h], computed[h]) {
 			changed[h] = struct{}{}
@@ -365,21 +435,31 @@ func (r *ServiceEntries) DeleteWorkload(namespace, name string) {
 // old or new version of a workload.
 func (r *ServiceEntries) workloadChanged(ns string, old, cur *model.Workload) Event {
 	ev := Event{Hosts: map[string]struct{}{}}
+	recompute := map[*seEntry]bool{}
+	for _, w := range []*model.Workload{old, cur} {
+		if w != nil {
+			r.addSelecting(recompute, ns, w.Labels)
+		}
+	}
+	r.recomputeEndpoints(recompute, map[string]bool{}, ev.Hosts)
+	return ev
+}
+
+// recomputeEndpoints computes the endpoints of entries and installs those of the hosts in
+// scope and of every host the entries own, recording in changed the hosts whose endpoints
+// differ (caller holds r.mu).
+func (r *ServiceEntries) recomputeEndpoints(entries map[*seEntry]bool, scope map[string]bool, changed map[string]struct{}) {
 	computed := map[string][]*model.Endpoint{}
-	scope := map[string]bool{}
-	for _, e := range r.entriesSelecting(ns, old, cur) {
-		sel := e.spec.GetWorkloadSelector()
-		if !(old != nil && config.SelectorMatches(sel.GetLabels(), old.Labels)) &&
-			!(cur != nil && config.SelectorMatches(sel.GetLabels(), cur.Labels)) {
-			continue
+	for e := range entries {
+		if r.entries[e.key] != e {
+			continue // replaced or removed
 		}
 		for _, s := range e.services {
 			scope[s.Hostname] = true
 		}
 		r.computeEndpoints(e, computed)
 	}
-	r.replaceEndpoints(computed, scope, ev.Hosts)
-	return ev
+	r.replaceEndpoints(computed, scope, changed)
 }
 
 // servicesOf turns a ServiceEntry into one service per host.
@@ -456,28 +536,28 @@ func leastLabel(selector map[string]string) string {
 // WorkloadEntries; the caller still matches the whole selector (caller holds r.mu).
 func (r *ServiceEntries) selectable(ns string, selector map[string]string) []*config.Config {
 	if len(selector) == 0 {
-		return r.wes[ns]
+		return slices.Collect(maps.Values(r.wes[ns]))
 	}
 	return r.weByLabel[ns][leastLabel(selector)]
 }
 
-// entriesSelecting narrows the ServiceEntries of ns with a workload selector to those whose
-// least label one of the workloads carries (or whose selector is empty), in entries order,
-// so that a workload change is not a match against every ServiceEntry; the caller still
-// matches the whole selector (caller holds r.mu).
-func (r *ServiceEntries) entriesSelecting(ns string, workloads ...*model.Workload) []*seEntry {
+// addSelecting adds to set the entries of ns whose workload selector matches labels. The
+// index narrows them to the entries whose least label the labels carry (or whose selector
+// is empty), so that a workload change is not a match against every ServiceEntry
+// (caller holds r.mu).
+func (r *ServiceEntries) addSelecting(set map[*seEntry]bool, ns string, labels map[string]string) {
 	byLabel := r.selecting[ns]
-	out := slices.Clone(byLabel[""])
-	for _, w := range workloads {
-		if w == nil {
-			continue
-		}
-		for k, v := range w.Labels {
-			out = append(out, byLabel[labelKey(k, v)]...)
+	match := func(es []*seEntry) {
+		for _, e := range es {
+			if config.SelectorMatches(e.spec.GetWorkloadSelector().GetLabels(), labels) {
+				set[e] = true
+			}
 		}
 	}
-	slices.SortFunc(out, func(a, b *seEntry) int { return a.pos - b.pos })
-	return slices.Compact(out)
+	match(byLabel[""])
+	for k, v := range labels {
+		match(byLabel[labelKey(k, v)])
+	}
 }
 
 // computeEndpoints fills out[host] for every host of e (caller holds r.mu).
@@ -523,7 +603,7 @@ func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.En
 				hostEps = append(hostEps, &model.Endpoint{Address: s.Hostname, Port: endpointPort(p, nil), ServicePort: p.Port, Health: model.Healthy,
 					Workload: "ServiceEntry " + e.cfg.Namespace + "/" + e.cfg.Name, Namespace: e.cfg.Namespace})
 			}
-			if r.owner[s.Hostname] == e {
+			if r.owns(e, s.Hostname) {
 				out[s.Hostname] = hostEps
 			}
 		}
@@ -531,7 +611,7 @@ func (r *ServiceEntries) computeEndpoints(e *seEntry, out map[string][]*model.En
 	}
 	model.SortEndpoints(eps)
 	for _, s := range e.services {
-		if r.owner[s.Hostname] == e && len(eps) > 0 {
+		if r.owns(e, s.Hostname) && len(eps) > 0 {
 			out[s.Hostname] = eps
 		}
 	}

@@ -104,6 +104,13 @@ func (s *Source) List() []*config.Config {
 	return slices.Clone(s.sorted)
 }
 
+// Get returns the config in force for key, or nil.
+func (s *Source) Get(key config.Key) *config.Config {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.current[key]
+}
+
 // Status returns the per-document status of the latest read.
 func (s *Source) Status() []DocStatus {
 	s.mu.RLock()
