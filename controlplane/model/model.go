@@ -206,3 +206,31 @@ func ServiceEqual(a, b *Service) bool {
 	}
 	return true
 }
+
+// FindService returns the service of host in services sorted by host, or nil.
+func FindService(sorted []*Service, host string) *Service {
+	if i, found := searchHost(sorted, host); found {
+		return sorted[i]
+	}
+	return nil
+}
+
+// PatchServices brings services sorted by host, a slice the caller owns (published slices
+// are never changed), up to date for one host: its service becomes svc, or it is removed
+// when svc is nil.
+func PatchServices(sorted []*Service, host string, svc *Service) []*Service {
+	i, found := searchHost(sorted, host)
+	switch {
+	case found && svc != nil:
+		sorted[i] = svc
+	case found:
+		sorted = slices.Delete(sorted, i, i+1)
+	case svc != nil:
+		sorted = slices.Insert(sorted, i, svc)
+	}
+	return sorted
+}
+
+func searchHost(sorted []*Service, host string) (int, bool) {
+	return slices.BinarySearchFunc(sorted, host, func(s *Service, h string) int { return strings.Compare(s.Hostname, h) })
+}

@@ -1,6 +1,9 @@
 package push
 
 import (
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -26,12 +29,7 @@ type Snapshot struct {
 	byHost    map[string]*model.Service
 	byNS      map[string][]*model.Service // services by namespace, sorted by host
 	selecting map[string][]*model.Service // services with a workload selector, by namespace
-	// endpoints by host; when epParent is set it holds only the hosts whose endpoints
-	// changed since epParent (a nil slice: none left), so an endpoints-only change costs
-	// what changed, not the size of the mesh. The chain is at most maxLayers long.
-	endpoints map[string][]*model.Endpoint
-	epParent  *Snapshot
-	epDepth   int
+	endpoints *epLayer
 
 	// Full caches results that depend on services, configs and mesh config (CDS, LDS, RDS,
 	// per-proxy shapes); EDS caches results that depend on endpoints as well.
@@ -46,7 +44,7 @@ func Build(version string, mesh *meshconfig.MeshConfig, configs *config.Index, r
 		Version: version, FullVersion: version, Mesh: mesh, Configs: configs, Services: services,
 		byHost: make(map[string]*model.Service, len(services)), byNS: map[string][]*model.Service{},
 		selecting: map[string][]*model.Service{},
-		endpoints: make(map[string][]*model.Endpoint, len(services)), Full: &Memo{}, EDS: &Memo{},
+		endpoints: &epLayer{m: make(map[string][]*model.Endpoint, len(services))}, Full: &Memo{}, EDS: &Memo{},
 	}
 	for _, svc := range services {
 		s.byHost[svc.Hostname] = svc
@@ -55,53 +53,139 @@ func Build(version string, mesh *meshconfig.MeshConfig, configs *config.Index, r
 			s.selecting[svc.Namespace] = append(s.selecting[svc.Namespace], svc)
 		}
 		if eps := reg.Endpoints(svc.Hostname); len(eps) > 0 {
-			s.endpoints[svc.Hostname] = eps
+			s.endpoints.m[svc.Hostname] = eps
 		}
 	}
 	return s
 }
 
+// WithServices derives the snapshot of a change that touched nothing but the services of
+// hosts and their endpoints (and the ServiceEntry and WorkloadEntry configs behind them,
+// hence configs): the services of other hosts, the indexes of unchanged namespaces and the
+// endpoints of unchanged hosts are shared, so such a change costs what changed, not the
+// size of the mesh; a change of many hosts builds anew. Generated resources are not shared:
+// a full push generates again what the proxies it concerns need.
+func (s *Snapshot) WithServices(version string, configs *config.Index, reg registry.Registry, hosts map[string]struct{}) *Snapshot {
+	if len(hosts) > len(s.Services)/16 {
+		return Build(version, s.Mesh, configs, reg)
+	}
+	current := reg.Services()
+	n := &Snapshot{
+		Version: version, FullVersion: version, Mesh: s.Mesh, Configs: configs, Services: slices.Clone(s.Services),
+		byHost: maps.Clone(s.byHost), byNS: maps.Clone(s.byNS), selecting: maps.Clone(s.selecting),
+		endpoints: s.endpoints.with(reg, hosts), Full: &Memo{}, EDS: &Memo{},
+	}
+	namespaces := map[string]bool{} // whose services changed
+	for h := range hosts {
+		if old := s.byHost[h]; old != nil {
+			namespaces[old.Namespace] = true
+		}
+		svc := model.FindService(current, h)
+		n.Services = model.PatchServices(n.Services, h, svc)
+		if svc == nil {
+			delete(n.byHost, h)
+			continue
+		}
+		n.byHost[h] = svc
+		namespaces[svc.Namespace] = true
+	}
+	for ns := range namespaces {
+		// The namespace's services as they are now: the unchanged ones and the changed ones.
+		var list, selecting []*model.Service
+		for _, svc := range s.byNS[ns] {
+			if _, changed := hosts[svc.Hostname]; !changed {
+				list = append(list, svc)
+			}
+		}
+		for h := range hosts {
+			if svc := n.byHost[h]; svc != nil && svc.Namespace == ns {
+				list = append(list, svc)
+			}
+		}
+		slices.SortFunc(list, func(a, b *model.Service) int { return strings.Compare(a.Hostname, b.Hostname) })
+		for _, svc := range list {
+			if svc.WorkloadSelector != nil {
+				selecting = append(selecting, svc)
+			}
+		}
+		setOrDelete(n.byNS, ns, list)
+		setOrDelete(n.selecting, ns, selecting)
+	}
+	return n
+}
+
+func setOrDelete(m map[string][]*model.Service, k string, v []*model.Service) {
+	if len(v) == 0 {
+		delete(m, k)
+	} else {
+		m[k] = v
+	}
+}
+
 // WithEndpoints derives a snapshot in which the endpoints of hosts are read again from reg;
 // everything else, including generated CDS/LDS/RDS and the EDS of other hosts, is shared.
-// clustersOf names the memo keys that depend on a host's endpoints.
 func (s *Snapshot) WithEndpoints(version string, reg registry.Registry, hosts map[string]struct{}) *Snapshot {
 	n := *s
 	n.Version = version
-	changes := make(map[string][]*model.Endpoint, len(hosts))
+	known := make(map[string]struct{}, len(hosts))
 	for h := range hosts {
-		if _, known := s.byHost[h]; known {
-			changes[h] = reg.Endpoints(h)
+		if _, ok := s.byHost[h]; ok {
+			known[h] = struct{}{}
 		}
 	}
-	n.endpoints, n.epParent, n.epDepth = changes, s, s.epDepth+1
-	if n.epDepth > maxLayers {
-		n.endpoints, n.epParent, n.epDepth = n.flatEndpoints(), nil, 0
-	}
+	n.endpoints = s.endpoints.with(reg, known)
 	n.EDS = s.EDS.without(hosts)
 	return &n
 }
 
-// maxLayers bounds the chains of endpoints-only changes (Snapshot.epParent, Memo.parent):
-// a lookup walks at most this many layers, and every maxLayers-th change flattens.
+// maxLayers bounds the chains of layered changes (epLayer, Memo.parent): a lookup walks at
+// most this many layers, and every maxLayers-th change flattens.
 const maxLayers = 8
 
-// flatEndpoints merges the chain of endpoint changes into one map.
-func (s *Snapshot) flatEndpoints() map[string][]*model.Endpoint {
-	var chain []*Snapshot
-	for cur := s; cur != nil; cur = cur.epParent {
+// epLayer holds endpoints by host. A layer with a parent holds only the hosts whose
+// endpoints changed since it (a nil slice: none left), so a change costs what changed, not
+// the size of the mesh. Layers do not hold snapshots: an old snapshot's generated
+// resources are not kept alive by its successors.
+type epLayer struct {
+	m      map[string][]*model.Endpoint
+	parent *epLayer
+	depth  int
+}
+
+// with returns a layer over l with the endpoints of hosts read again from reg, flattened
+// every maxLayers-th time.
+func (l *epLayer) with(reg registry.Registry, hosts map[string]struct{}) *epLayer {
+	n := &epLayer{m: make(map[string][]*model.Endpoint, len(hosts)), parent: l, depth: l.depth + 1}
+	for h := range hosts {
+		n.m[h] = reg.Endpoints(h)
+	}
+	if n.depth <= maxLayers {
+		return n
+	}
+	var chain []*epLayer
+	for cur := n; cur != nil; cur = cur.parent {
 		chain = append(chain, cur)
 	}
-	flat := make(map[string][]*model.Endpoint, len(chain[len(chain)-1].endpoints))
+	flat := &epLayer{m: make(map[string][]*model.Endpoint, len(chain[len(chain)-1].m))}
 	for i := len(chain) - 1; i >= 0; i-- { // oldest first, so newer changes win
-		for h, eps := range chain[i].endpoints {
+		for h, eps := range chain[i].m {
 			if len(eps) > 0 {
-				flat[h] = eps
+				flat.m[h] = eps
 			} else {
-				delete(flat, h)
+				delete(flat.m, h)
 			}
 		}
 	}
 	return flat
+}
+
+// get returns the endpoints of host.
+func (l *epLayer) get(host string) []*model.Endpoint {
+	for cur := l; ; cur = cur.parent {
+		if eps, ok := cur.m[host]; ok || cur.parent == nil {
+			return eps
+		}
+	}
 }
 
 // Service returns the service for host.
@@ -111,13 +195,7 @@ func (s *Snapshot) Service(host string) *model.Service { return s.byHost[host] }
 func (s *Snapshot) ServicesIn(ns string) []*model.Service { return s.byNS[ns] }
 
 // Endpoints returns the endpoints of host (all ports).
-func (s *Snapshot) Endpoints(host string) []*model.Endpoint {
-	for cur := s; ; cur = cur.epParent {
-		if eps, ok := cur.endpoints[host]; ok || cur.epParent == nil {
-			return eps
-		}
-	}
-}
+func (s *Snapshot) Endpoints(host string) []*model.Endpoint { return s.endpoints.get(host) }
 
 // ServicesSelecting returns the services in namespace ns whose workload selector matches
 // labels: the services a proxy with those labels serves.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -63,7 +65,7 @@ func TestEndpointsOnlySnapshotsStayExact(t *testing.T) {
 		before := maps.Clone(buildCount)
 		snap = snap.WithEndpoints(fmt.Sprintf("v%d", step+1), reg, changed)
 		history = append(history, moment{snap, maps.Clone(reg.endpoints)})
-		require.LessOrEqual(t, snap.epDepth, maxLayers)
+		require.LessOrEqual(t, snap.endpoints.depth, maxLayers)
 		require.LessOrEqual(t, snap.EDS.depth, maxLayers)
 
 		for _, svc := range reg.services {
@@ -89,4 +91,82 @@ func TestEndpointsOnlySnapshotsStayExact(t *testing.T) {
 	prev.EDS.Get("all", func() any { return 1 })
 	next := prev.WithEndpoints("last", reg, map[string]struct{}{})
 	assert.Equal(t, 2, next.EDS.Get("all", func() any { return 2 }))
+}
+
+// A run of services-only changes (WithServices) leaves every snapshot answering exactly
+// what a snapshot built from scratch at its moment answers: services (sorted, by host, by
+// namespace, selecting) and endpoints, earlier snapshots unchanged.
+func TestServicesOnlySnapshotsMatchAFullBuild(t *testing.T) {
+	reg := &hostsRegistry{endpoints: map[string][]*model.Endpoint{}}
+	rng := rand.New(rand.NewPCG(3, 4))
+	namespaces := []string{"a", "b", "c"}
+	service := func(h string) *model.Service {
+		svc := &model.Service{Hostname: h, Namespace: namespaces[rng.IntN(len(namespaces))]}
+		if rng.IntN(2) == 0 {
+			svc.WorkloadSelector = map[string]string{"app": h}
+		}
+		return svc
+	}
+	set := func(h string, svc *model.Service) {
+		services := slices.Clone(reg.services)
+		reg.services = model.PatchServices(services, h, svc)
+		if svc == nil {
+			delete(reg.endpoints, h)
+		} else {
+			reg.endpoints[h] = []*model.Endpoint{{Address: fmt.Sprintf("10.0.%d.%d", rng.IntN(250), rng.IntN(250))}}
+		}
+	}
+	for i := range 40 {
+		h := fmt.Sprintf("svc-%02d.test", i)
+		set(h, service(h))
+	}
+	answers := func(s *Snapshot) string {
+		var b strings.Builder
+		for _, svc := range s.Services {
+			fmt.Fprintf(&b, "%s/%s %v %v|", svc.Namespace, svc.Hostname, s.Service(svc.Hostname) == svc, s.Endpoints(svc.Hostname))
+		}
+		for i := range 45 {
+			h := fmt.Sprintf("svc-%02d.test", i)
+			if s.Service(h) == nil {
+				fmt.Fprintf(&b, "-%s %v|", h, s.Endpoints(h))
+			}
+		}
+		for _, ns := range namespaces {
+			for _, svc := range s.ServicesIn(ns) {
+				fmt.Fprintf(&b, "in %s: %s|", ns, svc.Hostname)
+			}
+			for i := range 45 {
+				for _, svc := range s.ServicesSelecting(ns, map[string]string{"app": fmt.Sprintf("svc-%02d.test", i)}) {
+					fmt.Fprintf(&b, "selecting in %s: %s|", ns, svc.Hostname)
+				}
+			}
+		}
+		return b.String()
+	}
+	snap := Build("v0", nil, nil, reg)
+	type moment struct {
+		snap *Snapshot
+		want string
+	}
+	var history []moment
+	for step := range 3*maxLayers + 3 {
+		changed := map[string]struct{}{}
+		for range 1 + rng.IntN(2) {
+			h := fmt.Sprintf("svc-%02d.test", rng.IntN(45)) // some hosts come and go
+			changed[h] = struct{}{}
+			if rng.IntN(3) == 0 {
+				set(h, nil)
+			} else {
+				set(h, service(h))
+			}
+		}
+		snap = snap.WithServices(fmt.Sprintf("v%d", step+1), nil, reg, changed)
+		require.LessOrEqual(t, snap.endpoints.depth, maxLayers)
+		want := answers(Build("fresh", nil, nil, reg))
+		require.Equal(t, want, answers(snap), "step %d", step)
+		history = append(history, moment{snap, want})
+		for _, m := range history {
+			require.Equal(t, m.want, answers(m.snap), "snapshot %s changed later", m.snap.Version)
+		}
+	}
 }

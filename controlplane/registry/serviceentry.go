@@ -195,13 +195,15 @@ func (r *ServiceEntries) apply(changes map[config.Key]*config.Config) {
 		if old := r.services[h]; old != svc {
 			ev.Full = true
 			ev.Hosts[h] = struct{}{}
-			r.sorted = replaceSorted(r.sorted, old, svc)
 			if svc == nil {
 				delete(r.services, h)
 			} else {
 				r.services[h] = svc
 			}
 		}
+	}
+	if ev.Full {
+		r.sorted = patchSorted(r.sorted, r.services, ev.Hosts)
 	}
 	// Entries selecting a WorkloadEntry that changed follow it.
 	for _, c := range weChanged {
@@ -315,25 +317,16 @@ func (r *ServiceEntries) owns(e *seEntry, host string) bool {
 	return len(ds) > 0 && ds[0] == e
 }
 
-// replaceSorted returns sorted with old replaced by cur (either may be nil), as a new
-// slice: snapshots hold the old one. A nil sorted stays nil (made when asked).
-func replaceSorted(sorted []*model.Service, old, cur *model.Service) []*model.Service {
-	if sorted == nil {
+// patchSorted returns the services list sorted by host brought up to date for the changed
+// hosts, as a new slice (snapshots hold the old one); many changes leave it to be made
+// again when asked (nil).
+func patchSorted(sorted []*model.Service, services map[string]*model.Service, changed map[string]struct{}) []*model.Service {
+	if sorted == nil || len(changed) > len(sorted)/16 {
 		return nil
 	}
-	host := cur
-	if host == nil {
-		host = old
-	}
-	i, found := slices.BinarySearchFunc(sorted, host.Hostname, func(s *model.Service, h string) int { return strings.Compare(s.Hostname, h) })
-	switch {
-	case found && cur != nil:
-		sorted = slices.Clone(sorted)
-		sorted[i] = cur
-	case found:
-		sorted = slices.Delete(slices.Clone(sorted), i, i+1)
-	case cur != nil:
-		sorted = slices.Insert(slices.Clip(sorted), i, cur)
+	sorted = slices.Clone(sorted)
+	for h := range changed {
+		sorted = model.PatchServices(sorted, h, services[h])
 	}
 	return sorted
 }

@@ -247,7 +247,12 @@ func (s *Server) build(r *push.Request) *push.Snapshot {
 		if cur != nil {
 			prevIx = cur.Configs
 		}
-		snap = push.Build(version, s.deps.Mesh(), config.Reindex(prevIx, configs), s.deps.Registry)
+		if ix := config.Reindex(prevIx, configs); cur != nil && servicesOnly(r) {
+			// The changed hosts say what changed: the rest of the snapshot is shared.
+			snap = cur.WithServices(version, ix, s.deps.Registry, r.EDSHosts)
+		} else {
+			snap = push.Build(version, s.deps.Mesh(), ix, s.deps.Registry)
+		}
 	} else {
 		snap = cur.WithEndpoints(version, s.deps.Registry, r.EDSHosts)
 	}
