@@ -262,7 +262,11 @@ func (s *Source) hasFilesUnder(rel string) bool {
 func (s *Source) apply(files []string, reread map[string]bool) {
 	s.mu.Lock()
 	old := s.current
-	var bySource map[string]*config.Config // the configs in force by source, built when needed
+	// The configs in force by source, built when needed. Note: two configs in force can
+	// carry one source (a config kept by key keeps the position it was applied from), and
+	// the lookup then picks either of them; a walk and a read of named paths can differ
+	// there (not settled yet).
+	var bySource map[string]*config.Config
 	oldBySource := func(src string) *config.Config {
 		if bySource == nil {
 			bySource = make(map[string]*config.Config, len(old))
