@@ -231,11 +231,16 @@ func (r *ServiceEntries) addEntry(c *config.Config, hosts map[string]struct{}) *
 	for _, s := range e.defined {
 		ds := r.definers[s.Hostname]
 		i, _ := slices.BinarySearchFunc(ds, e.key, func(d *seEntry, k config.Key) int { return config.CompareKeys(d.key, k) })
-		r.definers[s.Hostname] = slices.Insert(ds, i, e)
+		ds = slices.Insert(ds, i, e)
+		r.definers[s.Hostname] = ds
 		hosts[s.Hostname] = struct{}{}
-		if len(ds) > 0 {
-			winner := r.definers[s.Hostname][0]
-			r.log.Warn("host defined by two ServiceEntries; the first wins", "host", s.Hostname, "winner", winner.key.String(), "ignored", other(ds, e, winner).key.String())
+		if len(ds) > 1 {
+			// The first wins; the ignored one is e, or the entry e took the host from.
+			ignored := e
+			if i == 0 {
+				ignored = ds[1]
+			}
+			r.log.Warn("host defined by two ServiceEntries; the first wins", "host", s.Hostname, "winner", ds[0].key.String(), "ignored", ignored.key.String())
 			r.metrics.DuplicateServiceHost.Inc()
 		}
 	}
@@ -250,14 +255,6 @@ func (r *ServiceEntries) addEntry(c *config.Config, hosts map[string]struct{}) *
 	}
 	r.entries[e.key] = e
 	return e
-}
-
-// other is an entry of ds besides the winner: the one ignored for it (e, unless e won).
-func other(ds []*seEntry, e, winner *seEntry) *seEntry {
-	if e != winner {
-		return e
-	}
-	return ds[0]
 }
 
 // removeEntry unindexes a ServiceEntry, recording the hosts it defined.
