@@ -231,6 +231,9 @@ func PatchServices(sorted []*Service, host string, svc *Service) []*Service {
 	return sorted
 }
 
+// CompareHosts orders services by host.
+func CompareHosts(a, b *Service) int { return strings.Compare(a.Hostname, b.Hostname) }
+
 func searchHost(sorted []*Service, host string) (int, bool) {
 	return slices.BinarySearchFunc(sorted, host, func(s *Service, h string) int { return strings.Compare(s.Hostname, h) })
 }

@@ -3,7 +3,6 @@ package push
 import (
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -102,7 +101,7 @@ func (s *Snapshot) WithServices(version string, configs *config.Index, reg regis
 				list = append(list, svc)
 			}
 		}
-		slices.SortFunc(list, func(a, b *model.Service) int { return strings.Compare(a.Hostname, b.Hostname) })
+		slices.SortFunc(list, model.CompareHosts)
 		for _, svc := range list {
 			if svc.WorkloadSelector != nil {
 				selecting = append(selecting, svc)

@@ -5,7 +5,7 @@
 package registry
 
 import (
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
@@ -68,7 +68,7 @@ func (a *Aggregate) Services() []*model.Service {
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Hostname < out[j].Hostname })
+	slices.SortFunc(out, model.CompareHosts)
 	return out
 }
 

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 
 	networking "istio.io/api/networking/v1alpha3"
@@ -80,12 +79,10 @@ func (r *ServiceEntries) Services() []*model.Service {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.sorted == nil {
-		r.sorted = slices.SortedFunc(maps.Values(r.services), compareHosts)
+		r.sorted = slices.SortedFunc(maps.Values(r.services), model.CompareHosts)
 	}
 	return r.sorted
 }
-
-func compareHosts(a, b *model.Service) int { return strings.Compare(a.Hostname, b.Hostname) }
 
 // Endpoints implements Registry.
 func (r *ServiceEntries) Endpoints(host string) []*model.Endpoint {
@@ -209,11 +206,9 @@ func (r *ServiceEntries) apply(changes map[config.Key]*config.Config) {
 	for _, c := range weChanged {
 		r.addSelecting(recompute, c.Namespace, c.Spec.(*networking.WorkloadEntry).GetLabels())
 	}
-	scope := make(map[string]bool, len(hosts))
-	for h := range hosts {
-		scope[h] = true // a host nobody owns any more loses its endpoints
-	}
-	r.recomputeEndpoints(recompute, scope, ev.Hosts)
+	// Every host whose definers changed is in scope: one nobody owns any more loses its
+	// endpoints.
+	r.recomputeEndpoints(recompute, hosts, ev.Hosts)
 	r.metrics.Services.Set(float64(len(r.services)))
 	handlers := r.handlers
 	r.mu.Unlock()
@@ -221,7 +216,7 @@ func (r *ServiceEntries) apply(changes map[config.Key]*config.Config) {
 }
 
 // addEntry indexes a new ServiceEntry, recording the hosts it defines.
-func (r *ServiceEntries) addEntry(c *config.Config, hosts map[string]struct{}) *seEntry {
+func (r *ServiceEntries) addEntry(c *config.Config, hosts map[string]struct{}) {
 	e := &seEntry{cfg: c, key: c.Key(), spec: c.Spec.(*networking.ServiceEntry)}
 	for _, s := range servicesOf(c, e.spec) {
 		if !slices.ContainsFunc(e.defined, func(d *model.Service) bool { return d.Hostname == s.Hostname }) {
@@ -254,27 +249,16 @@ func (r *ServiceEntries) addEntry(c *config.Config, hosts map[string]struct{}) *
 		bySel[e.selKey] = append(bySel[e.selKey], e)
 	}
 	r.entries[e.key] = e
-	return e
 }
 
 // removeEntry unindexes a ServiceEntry, recording the hosts it defined.
 func (r *ServiceEntries) removeEntry(e *seEntry, hosts map[string]struct{}) {
 	for _, s := range e.defined {
-		ds := slices.DeleteFunc(r.definers[s.Hostname], func(d *seEntry) bool { return d == e })
-		if len(ds) == 0 {
-			delete(r.definers, s.Hostname)
-		} else {
-			r.definers[s.Hostname] = ds
-		}
+		deleteFrom(r.definers, s.Hostname, e)
 		hosts[s.Hostname] = struct{}{}
 	}
 	if bySel := r.selecting[e.cfg.Namespace]; e.spec.GetWorkloadSelector() != nil && bySel != nil {
-		list := slices.DeleteFunc(bySel[e.selKey], func(d *seEntry) bool { return d == e })
-		if len(list) == 0 {
-			delete(bySel, e.selKey)
-		} else {
-			bySel[e.selKey] = list
-		}
+		deleteFrom(bySel, e.selKey, e)
 		if len(bySel) == 0 {
 			delete(r.selecting, e.cfg.Namespace)
 		}
@@ -346,12 +330,7 @@ func (r *ServiceEntries) removeWorkloadEntry(c *config.Config) {
 	delete(r.wes[c.Namespace], c.Key())
 	byLabel := r.weByLabel[c.Namespace]
 	for k, v := range c.Spec.(*networking.WorkloadEntry).GetLabels() {
-		list := slices.DeleteFunc(byLabel[labelKey(k, v)], func(o *config.Config) bool { return o == c })
-		if len(list) == 0 {
-			delete(byLabel, labelKey(k, v))
-		} else {
-			byLabel[labelKey(k, v)] = list
-		}
+		deleteFrom(byLabel, labelKey(k, v), c)
 	}
 	if len(r.wes[c.Namespace]) == 0 {
 		delete(r.wes, c.Namespace)
@@ -359,10 +338,19 @@ func (r *ServiceEntries) removeWorkloadEntry(c *config.Config) {
 	}
 }
 
+// deleteFrom removes v from the list m[k], and the key with its last value.
+func deleteFrom[K, V comparable](m map[K][]V, k K, v V) {
+	if list := slices.DeleteFunc(m[k], func(o V) bool { return o == v }); len(list) == 0 {
+		delete(m, k)
+	} else {
+		m[k] = list
+	}
+}
+
 // replaceEndpoints installs the computed endpoints of the hosts in scope, in place (every
 // reader holds r.mu), recording in changed the hosts whose endpoints differ: a change
 // costs its few hosts, not a copy of the mesh's endpoints.
-func (r *ServiceEntries) replaceEndpoints(computed map[string][]*model.Endpoint, scope map[string]bool, changed map[string]struct{}) {
+func (r *ServiceEntries) replaceEndpoints(computed map[string][]*model.Endpoint, scope map[string]struct{}, changed map[string]struct{}) {
 	for h := range scope {
 		if !model.EndpointsEqual(r.endpoints[h], computed[h]) {
 			changed[h] = struct{}{}
@@ -431,21 +419,21 @@ func (r *ServiceEntries) workloadChanged(ns string, old, cur *model.Workload) Ev
 			r.addSelecting(recompute, ns, w.Labels)
 		}
 	}
-	r.recomputeEndpoints(recompute, map[string]bool{}, ev.Hosts)
+	r.recomputeEndpoints(recompute, map[string]struct{}{}, ev.Hosts)
 	return ev
 }
 
 // recomputeEndpoints computes the endpoints of entries and installs those of the hosts in
 // scope and of every host the entries own, recording in changed the hosts whose endpoints
 // differ (caller holds r.mu).
-func (r *ServiceEntries) recomputeEndpoints(entries map[*seEntry]bool, scope map[string]bool, changed map[string]struct{}) {
+func (r *ServiceEntries) recomputeEndpoints(entries map[*seEntry]bool, scope map[string]struct{}, changed map[string]struct{}) {
 	computed := map[string][]*model.Endpoint{}
 	for e := range entries {
 		if r.entries[e.key] != e {
 			continue // replaced or removed
 		}
 		for _, s := range e.services {
-			scope[s.Hostname] = true
+			scope[s.Hostname] = struct{}{}
 		}
 		r.computeEndpoints(e, computed)
 	}
@@ -494,17 +482,6 @@ func endpointPort(p model.Port, named map[string]uint32) uint32 {
 
 // labelKey is one label as an index key (label keys cannot contain a NUL).
 func labelKey(k, v string) string { return k + "\x00" + v }
-
-// indexByLabel indexes one namespace's WorkloadEntries by each of their labels.
-func indexByLabel(list []*config.Config) map[string][]*config.Config {
-	byLabel := map[string][]*config.Config{}
-	for _, c := range list {
-		for k, v := range c.Spec.(*networking.WorkloadEntry).GetLabels() {
-			byLabel[labelKey(k, v)] = append(byLabel[labelKey(k, v)], c)
-		}
-	}
-	return byLabel
-}
 
 // leastLabel is the selector's label with the least key as an index key ("" for an empty
 // selector, which matches every workload): a workload the selector matches carries it.

@@ -3,7 +3,7 @@ package xds
 import (
 	"fmt"
 	"net/netip"
-	"sort"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -658,5 +658,5 @@ func stringMatchConflict(root, leaf *networking.StringMatch) bool {
 
 // sortedServices orders services by host.
 func sortedServices(svcs []*model.Service) {
-	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Hostname < svcs[j].Hostname })
+	slices.SortFunc(svcs, model.CompareHosts)
 }
