@@ -43,7 +43,7 @@ func Build(version string, mesh *meshconfig.MeshConfig, configs *config.Index, r
 		Version: version, FullVersion: version, Mesh: mesh, Configs: configs, Services: services,
 		byHost: make(map[string]*model.Service, len(services)), byNS: map[string][]*model.Service{},
 		selecting: map[string][]*model.Service{},
-		endpoints: &epLayer{m: make(map[string][]*model.Endpoint, len(services))}, Full: &Memo{}, EDS: &Memo{},
+		endpoints: &epLayer{m: make(map[string][]*model.Endpoint, len(services))}, Full: newMemo(), EDS: newMemo(),
 	}
 	for _, svc := range services {
 		s.byHost[svc.Hostname] = svc
@@ -62,8 +62,10 @@ func Build(version string, mesh *meshconfig.MeshConfig, configs *config.Index, r
 // hosts and their endpoints (and the ServiceEntry and WorkloadEntry configs behind them,
 // hence configs): the services of other hosts, the indexes of unchanged namespaces and the
 // endpoints of unchanged hosts are shared, so such a change costs what changed, not the
-// size of the mesh; a change of many hosts builds anew. Generated resources are not shared:
-// a full push generates again what the proxies it concerns need.
+// size of the mesh; a change of many hosts builds anew. Of the generated resources, those
+// of one host (HostKey entries: its clusters and endpoint assignments) are inherited for the
+// hosts that did not change; everything else is generated again for the proxies the push
+// concerns.
 func (s *Snapshot) WithServices(version string, configs *config.Index, reg registry.Registry, hosts map[string]struct{}) *Snapshot {
 	if len(hosts) > len(s.Services)/16 {
 		return Build(version, s.Mesh, configs, reg)
@@ -72,7 +74,7 @@ func (s *Snapshot) WithServices(version string, configs *config.Index, reg regis
 	n := &Snapshot{
 		Version: version, FullVersion: version, Mesh: s.Mesh, Configs: configs, Services: slices.Clone(s.Services),
 		byHost: maps.Clone(s.byHost), byNS: maps.Clone(s.byNS), selecting: maps.Clone(s.selecting),
-		endpoints: s.endpoints.with(reg, hosts), Full: &Memo{}, EDS: &Memo{},
+		endpoints: s.endpoints.with(reg, hosts), Full: s.Full.without(hosts), EDS: s.EDS.without(hosts),
 	}
 	namespaces := map[string]bool{} // whose services changed
 	for h := range hosts {
@@ -137,7 +139,7 @@ func (s *Snapshot) WithEndpoints(version string, reg registry.Registry, hosts ma
 	return &n
 }
 
-// maxLayers bounds the chains of layered changes (epLayer, Memo.parent): a lookup walks at
+// maxLayers bounds the chains of layered changes (epLayer, hostLayer): a lookup walks at
 // most this many layers, and every maxLayers-th change flattens.
 const maxLayers = 8
 
@@ -208,23 +210,34 @@ func (s *Snapshot) ServicesSelecting(ns string, labels map[string]string) []*mod
 	return out
 }
 
-// HostKey is a memo key for a result that depends on one host's endpoints (an EDS
-// resource): WithEndpoints drops exactly the keys of changed hosts.
+// HostKey is a memo key for a result that depends on one host's service and endpoints and
+// otherwise only on what neither an endpoints-only nor a services-only change touches (mesh
+// config, and configs other than ServiceEntry and WorkloadEntry): WithEndpoints and
+// WithServices drop exactly the keys of changed hosts.
 type HostKey struct {
 	Host string
 	Name string
 }
 
 // Memo caches values built from a snapshot, each built once even when many connections ask
-// at the same time. The EDS memo of an endpoints-only snapshot is a layer over its parent's:
-// it inherits every HostKey entry of a host that did not change.
+// at the same time. The EDS memo of an endpoints-only snapshot, and both memos of a
+// services-only one, inherit every HostKey entry of a host that did not change.
 type Memo struct {
-	m sync.Map // key → *memoEntry
-	// parent's HostKey entries hold here unless their host is in changed.
-	parent  *Memo
+	m     sync.Map // key → *memoEntry, for keys other than HostKey
+	hosts *hostLayer
+}
+
+// hostLayer holds a memo's HostKey entries. A layer with a parent inherits the parent's
+// entries unless their host is in changed; layers hold nothing else, so a snapshot's other
+// memo entries (which may refer to the snapshot) are not kept alive by its successors.
+type hostLayer struct {
+	m       sync.Map // HostKey → *memoEntry
+	parent  *hostLayer
 	changed map[string]struct{}
 	depth   int
 }
+
+func newMemo() *Memo { return &Memo{hosts: &hostLayer{}} }
 
 type memoEntry struct {
 	once sync.Once
@@ -233,61 +246,57 @@ type memoEntry struct {
 
 // Get returns the value for key, building it with build on first use.
 func (m *Memo) Get(key any, build func() any) any {
-	e, ok := m.m.Load(key)
-	if !ok {
-		// An inherited entry is not stored again here: an endpoints-only change does not
-		// copy the entries of the hosts it did not change, even as they are read.
-		if inherited := m.inherited(key); inherited != nil {
-			e = inherited
-		} else {
-			e, _ = m.m.LoadOrStore(key, &memoEntry{})
-		}
+	var me *memoEntry
+	if hk, ok := key.(HostKey); ok {
+		me = m.hosts.entry(hk)
+	} else {
+		e, _ := m.m.LoadOrStore(key, &memoEntry{})
+		me = e.(*memoEntry)
 	}
-	me := e.(*memoEntry)
 	me.once.Do(func() { me.val = build() })
 	return me.val
 }
 
-// inherited finds key's entry in the layers below m, if it still holds in m: only HostKey
-// entries are inherited (other keys depend on all endpoints), and not past a layer that
-// changed their host.
-func (m *Memo) inherited(key any) *memoEntry {
-	k, ok := key.(HostKey)
-	if !ok {
-		return nil
+// entry returns key's entry: this layer's, else one inherited from the layers below if it
+// still holds here (not past a layer that changed its host), else a new one. An inherited
+// entry is not stored again here: a change does not copy the entries of the hosts it did
+// not change, even as they are read.
+func (l *hostLayer) entry(key HostKey) *memoEntry {
+	if e, ok := l.m.Load(key); ok {
+		return e.(*memoEntry)
 	}
-	for cur := m; cur.parent != nil; cur = cur.parent {
-		if _, changed := cur.changed[k.Host]; changed {
-			return nil
+	for cur := l; cur.parent != nil; cur = cur.parent {
+		if _, changed := cur.changed[key.Host]; changed {
+			break
 		}
 		if e, ok := cur.parent.m.Load(key); ok {
 			return e.(*memoEntry)
 		}
 	}
-	return nil
+	e, _ := l.m.LoadOrStore(key, &memoEntry{})
+	return e.(*memoEntry)
 }
 
-// without returns a layer over m in which the entries of the changed hosts do not hold;
-// every maxLayers-th layer is flattened into a memo of its own.
+// without returns a memo whose HostKey entries are a layer over m's in which the entries of
+// the changed hosts do not hold (every maxLayers-th layer is flattened into one of its own);
+// its other entries start empty.
 func (m *Memo) without(changed map[string]struct{}) *Memo {
-	n := &Memo{parent: m, changed: changed, depth: m.depth + 1}
+	n := &hostLayer{parent: m.hosts, changed: changed, depth: m.hosts.depth + 1}
 	if n.depth <= maxLayers {
-		return n
+		return &Memo{hosts: n}
 	}
-	flat := &Memo{}
+	flat := &hostLayer{}
 	dropped := map[string]struct{}{}
 	for cur := n; cur.parent != nil; cur = cur.parent {
 		for h := range cur.changed {
 			dropped[h] = struct{}{}
 		}
 		cur.parent.m.Range(func(k, v any) bool {
-			if hk, ok := k.(HostKey); ok {
-				if _, d := dropped[hk.Host]; !d {
-					flat.m.LoadOrStore(k, v) // the nearest layer's entry wins
-				}
+			if _, d := dropped[k.(HostKey).Host]; !d {
+				flat.m.LoadOrStore(k, v) // the nearest layer's entry wins
 			}
 			return true
 		})
 	}
-	return flat
+	return &Memo{hosts: flat}
 }

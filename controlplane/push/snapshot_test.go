@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -66,7 +68,7 @@ func TestEndpointsOnlySnapshotsStayExact(t *testing.T) {
 		snap = snap.WithEndpoints(fmt.Sprintf("v%d", step+1), reg, changed)
 		history = append(history, moment{snap, maps.Clone(reg.endpoints)})
 		require.LessOrEqual(t, snap.endpoints.depth, maxLayers)
-		require.LessOrEqual(t, snap.EDS.depth, maxLayers)
+		require.LessOrEqual(t, snap.EDS.hosts.depth, maxLayers)
 
 		for _, svc := range reg.services {
 			h := svc.Hostname
@@ -169,4 +171,37 @@ func TestServicesOnlySnapshotsMatchAFullBuild(t *testing.T) {
 			require.Equal(t, m.want, answers(m.snap), "snapshot %s changed later", m.snap.Version)
 		}
 	}
+}
+
+// Derived snapshots inherit the HostKey entries of unchanged hosts and nothing else: a
+// snapshot whose memo entries refer to it (as generated views do) is collected once no
+// push holds it, though its successors still serve what it generated per host.
+func TestDerivedSnapshotsDoNotKeepTheirParentAlive(t *testing.T) {
+	reg := &hostsRegistry{endpoints: map[string][]*model.Endpoint{}}
+	for i := range 40 {
+		h := fmt.Sprintf("svc-%d.test", i)
+		reg.services = append(reg.services, &model.Service{Hostname: h})
+		reg.endpoints[h] = []*model.Endpoint{{Address: fmt.Sprintf("10.0.%d.1", i)}}
+	}
+	parent := Build("v0", nil, nil, reg)
+	collected := make(chan struct{})
+	runtime.AddCleanup(parent, func(ch chan struct{}) { close(ch) }, collected)
+	parent.Full.Get("view", func() any { return parent }) // refers to its snapshot
+	cluster := parent.Full.Get(HostKey{Host: "svc-1.test", Name: "cluster"}, func() any { return new(int) })
+	assignment := parent.EDS.Get(HostKey{Host: "svc-2.test", Name: "assignment"}, func() any { return new(int) })
+	changed := map[string]struct{}{"svc-3.test": {}}
+	snap := parent.WithServices("v1", nil, reg, changed).WithEndpoints("v2", reg, changed)
+	parent = nil
+	for range 20 {
+		runtime.GC()
+		select {
+		case <-collected:
+			assert.Same(t, cluster, snap.Full.Get(HostKey{Host: "svc-1.test", Name: "cluster"}, func() any { return new(int) }))
+			assert.Same(t, assignment, snap.EDS.Get(HostKey{Host: "svc-2.test", Name: "assignment"}, func() any { return new(int) }))
+			assert.Equal(t, 2, snap.Full.Get("view", func() any { return 2 }), "an entry other than HostKey inherited")
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatal("the parent snapshot is still reachable from its successors")
 }

@@ -90,22 +90,16 @@ func outboundClusters(v *View) []*Resource {
 	}).([]*Resource)
 }
 
-type clusterKey struct {
-	name     string
-	dr       *destRule
-	locality string
-	labels   string
-}
-
 func clusterResource(v *View, svc *model.Service, p model.Port, dr *destRule, sub *networking.Subset) *Resource {
 	name := OutboundClusterName(p.Port, sub.GetName(), svc.Hostname)
-	key := clusterKey{name: name, dr: dr}
+	// A cluster depends on its service (the host), its DestinationRule and mesh config: kept
+	// by host, it outlives changes of other services.
+	variant := drVariant(dr)
 	if svc.Resolution == model.DNSLB || svc.Resolution == model.DNSRoundRobin {
 		// DNS clusters carry their endpoints, which locality balancing orders per client.
-		key.locality = localityString(v.Proxy)
-		key.labels = model.SortedLabels(v.Proxy.Labels)
+		variant += "|" + localityString(v.Proxy) + "|" + model.SortedLabels(v.Proxy.Labels)
 	}
-	return v.Snapshot.Full.Get(key, func() any {
+	return v.Snapshot.Full.Get(push.HostKey{Host: svc.Hostname, Name: name + "\x00" + variant}, func() any {
 		c := buildOutboundCluster(v, svc, p, dr, sub)
 		return newResource(c.Name, c)
 	}).(*Resource)

@@ -52,9 +52,8 @@ func EndpointResource(v *View, name string) *Resource {
 	tp := policyFor(dr, sub, p.Port)
 	ll := localitySetting(v.Snapshot.Mesh, tp.GetLoadBalancer())
 	failover := tp.GetOutlierDetection() != nil
-	variant := ""
+	variant := drVariant(dr)
 	if dr != nil {
-		variant = dr.cfg.Namespace + "/" + dr.cfg.Name
 		if ll != nil && (failover || len(ll.GetDistribute()) > 0) {
 			variant += "|" + localityString(v.Proxy)
 			if failover && len(ll.GetFailoverPriority()) > 0 {
@@ -69,6 +68,16 @@ func EndpointResource(v *View, name string) *Resource {
 		}
 		return newResource(name, cla)
 	}).(*Resource)
+}
+
+// drVariant names a DestinationRule in memo keys that outlive a snapshot (HostKey): within
+// the snapshots that inherit such entries, configs other than ServiceEntry and WorkloadEntry
+// do not change, so the rule's config names it.
+func drVariant(dr *destRule) string {
+	if dr == nil {
+		return ""
+	}
+	return dr.cfg.Namespace + "/" + dr.cfg.Name
 }
 
 // EDSClusterNames lists every EDS cluster of host a proxy may watch (the service's ports and

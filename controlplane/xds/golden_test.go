@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
@@ -45,6 +46,9 @@ type testProxy struct {
 // fixture is a case directory loaded into a snapshot.
 type fixture struct {
 	snap    *push.Snapshot
+	configs []*config.Config
+	mesh    *meshconfig.MeshConfig
+	reg     *registry.ServiceEntries
 	proxies []*model.Proxy
 	dump    []bool
 	types   [][]string
@@ -68,7 +72,7 @@ func loadCase(t *testing.T, dir string) *fixture {
 	mt := metrics.New(prometheus.NewRegistry())
 	reg := registry.NewServiceEntries(log, mt)
 	reg.SetConfigs(cs)
-	f := &fixture{}
+	f := &fixture{configs: cs, mesh: m, reg: reg}
 	pd, err := os.ReadFile(filepath.Join(dir, "proxies.yaml"))
 	require.NoError(t, err)
 	var tps []testProxy

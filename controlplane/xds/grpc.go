@@ -19,6 +19,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Proxyless gRPC: an application whose node metadata says GENERATOR "grpc" resolves
@@ -224,16 +225,11 @@ func grpcClusters(v *View, names []string) *Resources {
 				continue
 			}
 		}
-		items = append(items, v.Snapshot.Full.Get(grpcClusterKey{name, dr}, func() any {
+		items = append(items, v.Snapshot.Full.Get(push.HostKey{Host: host, Name: "grpc\x00" + name + "\x00" + drVariant(dr)}, func() any {
 			return newResource(name, grpcCluster(name, policyFor(dr, sub, port)))
 		}).(*Resource))
 	}
 	return newResources(items)
-}
-
-type grpcClusterKey struct {
-	name string
-	dr   *destRule
 }
 
 func grpcCluster(name string, tp *networking.TrafficPolicy) *cluster.Cluster {
