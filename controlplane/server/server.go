@@ -66,7 +66,7 @@ func Defaults() Options {
 	}
 }
 
-// ConfigStore lists the configs in force.
+// ConfigStore lists the configs in force, sorted by key (config.CompareKeys).
 type ConfigStore interface {
 	List() []*config.Config
 }

@@ -1,6 +1,8 @@
 package wasmfetch
 
 import (
+	"slices"
+	"strings"
 	"sync"
 
 	"google.golang.org/protobuf/proto"
@@ -9,7 +11,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/config"
 )
 
-// ConfigStore lists configs (server.ConfigStore).
+// ConfigStore lists configs sorted by key (server.ConfigStore).
 type ConfigStore interface {
 	List() []*config.Config
 }
@@ -36,22 +38,25 @@ func NewStore(inner ConfigStore, f *Fetcher) *Store {
 	return &Store{inner: inner, f: f, lastGood: map[config.Key]*resolved{}}
 }
 
-// List implements ConfigStore.
+// List implements ConfigStore. The inner list is sorted by key, so the WasmPlugins are one
+// run of it: only they are examined, and the list is returned as it is when none of them
+// changes (a push of a mesh with thousands of configs does not copy them here).
 func (s *Store) List() []*config.Config {
 	in := s.inner.List()
-	out := make([]*config.Config, 0, len(in))
+	from, _ := slices.BinarySearchFunc(in, config.WasmPlugin, func(c *config.Config, k config.Kind) int { return strings.Compare(string(c.Kind), string(k)) })
+	to := from
+	for to < len(in) && in[to].Kind == config.WasmPlugin {
+		to++
+	}
+	plugins := make([]*config.Config, 0, to-from)
 	live := map[config.Key]bool{}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, c := range in {
-		wp, ok := c.Spec.(*extensions.WasmPlugin)
-		if !ok {
-			out = append(out, c)
-			continue
-		}
+	for _, c := range in[from:to] {
+		wp := c.Spec.(*extensions.WasmPlugin)
 		u, fetched := needsFetch(wp)
 		if !fetched {
-			out = append(out, c)
+			plugins = append(plugins, c)
 			continue
 		}
 		live[c.Key()] = true
@@ -66,11 +71,11 @@ func (s *Store) List() []*config.Config {
 				r = &resolved{src: c, out: &cc}
 				s.lastGood[c.Key()] = r
 			}
-			out = append(out, r.out)
+			plugins = append(plugins, r.out)
 			continue
 		}
 		if r := s.lastGood[c.Key()]; r != nil {
-			out = append(out, r.out)
+			plugins = append(plugins, r.out)
 		}
 	}
 	for k := range s.lastGood {
@@ -79,6 +84,8 @@ func (s *Store) List() []*config.Config {
 		}
 	}
 	s.f.forget(live)
-	config.SortConfigs(out)
-	return out
+	if slices.Equal(plugins, in[from:to]) {
+		return in
+	}
+	return slices.Concat(in[:from], plugins, in[to:])
 }

@@ -100,17 +100,18 @@ func TestFetchedOnceVerifiedAndCached(t *testing.T) {
 	h := start(t, dir)
 	p := plugin("quota", ms.URL+"/m.wasm", digest(wasmModule))
 	other := &config.Config{Meta: config.Meta{Kind: config.Sidecar, Namespace: "default", Name: "s"}}
-	s := NewStore(listStore{p, other}, h.f)
+	after := &config.Config{Meta: config.Meta{Kind: config.WorkloadEntry, Namespace: "default", Name: "w"}}
+	s := NewStore(listStore{other, p, after}, h.f)
 
 	// Not fetched yet: the plugin is left out, everything else is listed.
 	first := s.List()
-	require.Len(t, first, 1)
-	assert.Equal(t, other, first[0])
+	require.Equal(t, []*config.Config{other, after}, first)
 
 	require.Eventually(t, func() bool { return len(h.changedKeys()) > 0 }, 5*time.Second, time.Millisecond)
 	assert.Equal(t, []config.Key{p.Key()}, h.changedKeys(), "the plugin is pushed again once its module is ready")
 	list := s.List()
-	require.Len(t, list, 2)
+	require.Len(t, list, 3)
+	assert.Same(t, after, list[2])
 	want := filepath.Join(dir, digest(wasmModule)+".wasm")
 	assert.Equal(t, "file://"+want, urlOf(list[1]))
 	assert.Equal(t, "http://", urlOf(p)[:7], "the stored config is not modified")
@@ -200,4 +201,17 @@ func TestLocalModuleWithDigestIsVerified(t *testing.T) {
 		}
 		return false
 	}, 5*time.Second, time.Millisecond)
+}
+
+// With nothing to resolve, the inner list is returned itself: a push does not copy the
+// configs of every kind to look at the plugins.
+func TestNothingToResolveListsTheInnerList(t *testing.T) {
+	h := start(t, t.TempDir())
+	inner := listStore{
+		{Meta: config.Meta{Kind: config.Sidecar, Namespace: "default", Name: "s"}},
+		plugin("plain", "file:///not/checked.wasm", ""),
+		{Meta: config.Meta{Kind: config.WorkloadEntry, Namespace: "default", Name: "w"}},
+	}
+	listed := NewStore(inner, h.f).List()
+	assert.Same(t, &inner[0], &listed[0])
 }
