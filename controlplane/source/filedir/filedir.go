@@ -34,6 +34,8 @@ type DocStatus struct {
 	Error  string `json:"error,omitempty"`
 
 	key *config.Key // Config, rendered when the status is read
+	// cfg is what the document put in force: the config applied, or the last good kept.
+	cfg *config.Config
 }
 
 // Handler receives the keys of configs that were added, changed or removed.
@@ -262,16 +264,16 @@ func (s *Source) hasFilesUnder(rel string) bool {
 func (s *Source) apply(files []string, reread map[string]bool) {
 	s.mu.Lock()
 	old := s.current
-	// The configs in force by source, built when needed. Note: two configs in force can
-	// carry one source (a config kept by key keeps the position it was applied from), and
-	// the lookup then picks either of them; a walk and a read of named paths can differ
-	// there (not settled yet).
+	// What each document position put in force last time (applied, or last good kept), built
+	// when a document too broken to name its config needs it.
 	var bySource map[string]*config.Config
 	oldBySource := func(src string) *config.Config {
 		if bySource == nil {
-			bySource = make(map[string]*config.Config, len(old))
-			for _, c := range old {
-				bySource[c.Source] = c
+			bySource = map[string]*config.Config{}
+			for _, st := range s.status {
+				if st.cfg != nil {
+					bySource[fmt.Sprintf("%s#%d", st.File, st.Doc)] = st.cfg
+				}
 			}
 		}
 		return bySource[src]
@@ -290,13 +292,15 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 		parsed = make(map[string]parsedFile, len(s.parsed))
 	}
 	var fresh []*config.Config // configs in force from files read anew
+	keptNow := map[*config.Config]bool{}
 	reject := func(st DocStatus, kind string, msg string, kept *config.Config) {
 		st.Error = msg
 		st.Status = "rejected"
 		if kept != nil {
-			st.Status = "rejected (last good kept)"
+			st.Status, st.cfg = "rejected (last good kept)", kept
 			if _, dup := next[kept.Key()]; !dup {
 				next[kept.Key()] = kept
+				keptNow[kept] = true
 			}
 		}
 		status = append(status, st)
@@ -374,7 +378,7 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 			if reparsed {
 				fresh = append(fresh, c)
 			}
-			st.Status = "applied"
+			st.Status, st.cfg = "applied", c
 			status = append(status, st)
 		}
 	}
@@ -420,7 +424,12 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 			lg = lastGood{byKey: map[config.Key]*config.Config{}, bySource: map[string]*config.Config{}}
 			s.lastGood[file] = lg
 		}
-		lg.byKey[c.Key()], lg.bySource[c.Source] = c, c
+		lg.byKey[c.Key()] = c
+		if !keptNow[c] {
+			// Only a config applied at its position speaks for it: a kept one still
+			// carries the position it was applied from, which another may hold now.
+			lg.bySource[c.Source] = c
+		}
 	}
 	for file := range s.lastGood {
 		if parsed[file].data == nil {
