@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	runtimemetrics "runtime/metrics"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -89,6 +90,19 @@ func sample(bytes *ByteCounter) usage {
 	return usage{cpu: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), bytes: bytes.Bytes()}
 }
 
+// gcSample is the runtime's estimate of the CPU its collector has used, and the bytes
+// allocated on the heap, so far.
+type gcSample struct {
+	cpu   float64
+	alloc uint64
+}
+
+func sampleGC() gcSample {
+	m := []runtimemetrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/gc/heap/allocs:bytes"}}
+	runtimemetrics.Read(m)
+	return gcSample{cpu: m[0].Value.Float64(), alloc: m[1].Value.Uint64()}
+}
+
 // memory is the live heap plus goroutine stacks after a collection.
 func memory() uint64 {
 	// Twice: pooled buffers survive one collection in sync.Pool's victim cache.
@@ -140,20 +154,25 @@ func measure(b *testing.B, loader *Loader, bytes *ByteCounter, memPerProxy float
 		defer write(".allocs-after.pprof")
 	}
 	var total time.Duration
-	before, clientBefore := sample(bytes), loader.CPU()
+	before, clientBefore, gcBefore := sample(bytes), loader.CPU(), sampleGC()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start, last := change(i)
 		total += last.Sub(start)
 	}
 	b.StopTimer()
-	after, clientAfter := sample(bytes), loader.CPU()
+	after, clientAfter, gcAfter := sample(bytes), loader.CPU(), sampleGC()
 	n := float64(b.N)
 	b.ReportMetric(float64(total.Milliseconds())/n, "ms-to-last-ack")
 	if debounce > 0 {
 		b.ReportMetric(float64((total-time.Duration(b.N)*debounce).Milliseconds())/n, "ms-beyond-debounce")
 	}
 	b.ReportMetric((after.cpu-before.cpu).Seconds()/n, "server-cpu-s/op")
+	// Of which the collector's (an estimate): a short run may or may not hold a collection
+	// of the live heap, and server-cpu-s/op swings with it; what a change allocates is what
+	// it costs the collector in the long run.
+	b.ReportMetric((gcAfter.cpu-gcBefore.cpu)/n, "server-gc-cpu-s/op")
+	b.ReportMetric(float64(gcAfter.alloc-gcBefore.alloc)/n/(1<<20), "server-alloc-MiB/op")
 	// The load client shares the machine: what it spends is not the server's, but it is
 	// CPU the server could not have.
 	b.ReportMetric((clientAfter-clientBefore).Seconds()/n, "client-cpu-s/op")

@@ -261,6 +261,13 @@ func (s *Source) hasFilesUnder(rel string) bool {
 
 // apply reads files (only those in reread when it is not nil: the others hold the bytes
 // read last time), applies what is valid and notifies handlers of changes.
+//
+// A walk (reread nil) goes through every document. A read of named paths goes through the
+// documents of the files whose bytes changed (or that came or went) and, elsewhere, only the
+// documents that name a key those files name now or named before (affected): which config
+// holds a key depends only on the documents that name it, in walk order, so every other key
+// keeps its config and every other document its status. The random-walk test holds the two
+// to the same result.
 func (s *Source) apply(files []string, reread map[string]bool) {
 	s.mu.Lock()
 	old := s.current
@@ -278,13 +285,148 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 		}
 		return bySource[src]
 	}
-	// The maps and list of the read before last are cleared and filled again: a read
-	// allocates what changed, not a copy of the directory.
-	next, status := s.spare.current, s.spare.status[:0]
-	clear(next)
-	if next == nil {
-		next = make(map[config.Key]*config.Config, len(old))
+	// fallback is what a rejected document keeps: for a named config, the one in force from
+	// this file, else the file's last good; for a document too broken to name one, what its
+	// position held.
+	fallback := func(rel string, d config.Document, inForce func(config.Key) *config.Config) *config.Config {
+		if d.Key != nil {
+			if c := inForce(*d.Key); c != nil && sourceFile(c.Source) == rel {
+				return c
+			}
+			return s.lastGood[rel].byKey[*d.Key]
+		}
+		src := fmt.Sprintf("%s#%d", rel, d.Index)
+		if kept := oldBySource(src); kept != nil {
+			return kept
+		}
+		return s.lastGood[rel].bySource[src]
 	}
+
+	// Read (and parse what changed) first: a read of named paths needs to know what changed
+	// before it goes through the documents.
+	type fileRead struct {
+		rel      string
+		data     []byte
+		docs     []config.Document
+		err      error
+		reparsed bool
+	}
+	reads := make([]fileRead, len(files))
+	for i, file := range files {
+		rel, _ := filepath.Rel(s.dir, file)
+		r := fileRead{rel: rel, data: s.parsed[rel].data, docs: s.parsed[rel].docs}
+		if reread == nil || reread[rel] {
+			r.data, r.err = readChanged(file, r.data)
+		}
+		if p, ok := s.parsed[rel]; r.err == nil && (!ok || !bytes.Equal(p.data, r.data)) {
+			// Only files whose bytes changed are parsed again: a change to one file of a
+			// large directory costs that file.
+			r.docs, r.reparsed = config.ParseFile(rel, r.data), true
+		}
+		reads[i] = r
+	}
+	// A read of named paths: the statuses of last read by file, the files whose documents
+	// are all gone through (redo), and the keys affected.
+	var (
+		prevStatus map[string][]DocStatus
+		redo       map[string]bool
+		affected   map[config.Key]bool
+		oldVals    map[config.Key]*config.Config // of the affected keys, before
+	)
+	if reread != nil {
+		prevStatus = map[string][]DocStatus{}
+		for i := 0; i < len(s.status); {
+			j := i + 1
+			for j < len(s.status) && s.status[j].File == s.status[i].File {
+				j++
+			}
+			prevStatus[s.status[i].File] = s.status[i:j]
+			i = j
+		}
+		redo, affected = map[string]bool{}, map[config.Key]bool{}
+		named := func(sts []DocStatus) {
+			for _, st := range sts {
+				if st.key != nil {
+					affected[*st.key] = true
+				}
+				if st.cfg != nil {
+					affected[st.cfg.Key()] = true
+				}
+			}
+		}
+		// A rejected document's fallback reads what was in force before the read, which a
+		// read can change without touching its file: every key a rejected document names is
+		// gone through again (rejections are few).
+		for _, st := range s.status {
+			if st.Error != "" {
+				named([]DocStatus{st})
+			}
+		}
+		listed := make(map[string]bool, len(reads))
+		for _, r := range reads {
+			listed[r.rel] = true
+			if r.err == nil && !r.reparsed {
+				if len(prevStatus[r.rel]) != len(r.docs) {
+					reread = nil // not as last read left it: go through everything
+				}
+				continue
+			}
+			redo[r.rel] = true
+			named(prevStatus[r.rel])
+			for _, d := range r.docs {
+				if d.Key != nil {
+					affected[*d.Key] = true
+				} else if kept := fallback(r.rel, d, func(k config.Key) *config.Config { return old[k] }); kept != nil {
+					affected[kept.Key()] = true
+				}
+			}
+			if r.err != nil {
+				for _, c := range old {
+					if sourceFile(c.Source) == r.rel {
+						affected[c.Key()] = true
+					}
+				}
+			}
+		}
+		gone := false
+		for rel := range s.parsed {
+			if !listed[rel] {
+				gone = true
+				named(prevStatus[rel])
+			}
+		}
+		if reread != nil && len(redo) == 0 && len(affected) == 0 && !gone {
+			s.mu.Unlock()
+			return // nothing changed
+		}
+	}
+
+	// The configs in force: a walk fills the map of the read before last anew; a read of
+	// named paths changes the affected keys of the current one in place (apply holds the lock).
+	var next map[config.Key]*config.Config
+	inForceBefore := func(k config.Key) *config.Config { return old[k] }
+	if reread == nil {
+		next = s.spare.current
+		clear(next)
+		if next == nil {
+			next = make(map[config.Key]*config.Config, len(old))
+		}
+	} else {
+		next, oldVals = old, make(map[config.Key]*config.Config, len(affected))
+		for k := range affected {
+			if c, ok := old[k]; ok {
+				oldVals[k] = c
+				delete(next, k)
+			}
+		}
+		inForceBefore = func(k config.Key) *config.Config {
+			if affected[k] {
+				return oldVals[k]
+			}
+			return old[k]
+		}
+	}
+	status := s.spare.status[:0]
 	errs := map[string]bool{}
 	parsed := s.spare.parsed
 	clear(parsed)
@@ -310,100 +452,117 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 			s.metrics.ConfigRejects.WithLabelValues(kind).Inc()
 		}
 	}
-	unreadable := false
-	for _, file := range files {
-		rel, _ := filepath.Rel(s.dir, file)
-		data, err := s.parsed[rel].data, error(nil)
-		if reread == nil || reread[rel] {
-			data, err = readChanged(file, data)
+	// document goes through one document of a file.
+	document := func(rel string, docs []config.Document, i int, reparsed bool) {
+		d := docs[i]
+		st := DocStatus{File: rel, Doc: d.Index, key: d.Key}
+		if d.Err != nil {
+			kind := ""
+			if d.Key != nil {
+				kind = string(d.Key.Kind)
+			}
+			kept := fallback(rel, d, inForceBefore)
+			reject(st, kind, d.Err.Error(), kept)
+			if reparsed && kept != nil {
+				fresh = append(fresh, kept)
+			}
+			return
 		}
-		if err != nil {
+		c := d.Config
+		if prev, dup := next[c.Key()]; dup {
+			reject(st, string(c.Kind), fmt.Sprintf("%s: document %d (%s): already defined in %s", rel, d.Index, c.Key(), prev.Source), nil)
+			return
+		}
+		// A document parsed anew that equals the config in force keeps the old pointer,
+		// here and in the parsed document, so unchanged configs compare cheaply
+		// downstream and on the next read (a document not parsed anew has it already).
+		if reparsed {
+			if o := inForceBefore(c.Key()); o != nil && o != c && o.Source == c.Source && o.Equal(c) {
+				c, docs[i].Config = o, o
+			}
+		}
+		next[c.Key()] = c
+		if reparsed {
+			fresh = append(fresh, c)
+		}
+		st.Status, st.cfg = "applied", c
+		status = append(status, st)
+	}
+	unreadable := false
+	for _, r := range reads {
+		if r.err != nil {
 			unreadable = true
 			// Unreadable now (e.g. mid-rename): keep everything the file provided before.
+			for k := range affected {
+				if c := oldVals[k]; c != nil && sourceFile(c.Source) == r.rel {
+					next[k] = c
+				}
+			}
 			for _, c := range old {
-				if sourceFile(c.Source) == rel {
+				if sourceFile(c.Source) == r.rel && !affected[c.Key()] {
 					next[c.Key()] = c
 				}
 			}
-			reject(DocStatus{File: rel}, "", fmt.Sprintf("%s: %v", rel, err), nil)
+			reject(DocStatus{File: r.rel}, "", fmt.Sprintf("%s: %v", r.rel, r.err), nil)
 			continue
 		}
-		docs := s.parsed[rel].docs
-		reparsed := false
-		if p, ok := s.parsed[rel]; !ok || !bytes.Equal(p.data, data) {
-			// Only files whose bytes changed are parsed again: a change to one file of a
-			// large directory costs that file.
-			docs, reparsed = config.ParseFile(rel, data), true
+		parsed[r.rel] = parsedFile{data: r.data, docs: r.docs}
+		if reread == nil || redo[r.rel] {
+			for i := range r.docs {
+				document(r.rel, r.docs, i, r.reparsed)
+			}
+			continue
 		}
-		parsed[rel] = parsedFile{data: data, docs: docs}
-		lastGood := s.lastGood[rel]
-		for i, d := range docs {
-			st := DocStatus{File: rel, Doc: d.Index, key: d.Key}
-			if d.Err != nil {
-				var kept *config.Config
-				kind := ""
-				if d.Key != nil {
-					kind = string(d.Key.Kind)
-					if c := old[*d.Key]; c != nil && sourceFile(c.Source) == rel {
-						kept = c
-					} else {
-						kept = lastGood.byKey[*d.Key]
-					}
-				} else {
-					src := fmt.Sprintf("%s#%d", rel, d.Index)
-					if kept = oldBySource(src); kept == nil {
-						kept = lastGood.bySource[src]
-					}
-				}
-				reject(st, kind, d.Err.Error(), kept)
-				if reparsed && kept != nil {
-					fresh = append(fresh, kept)
-				}
+		for i, st := range prevStatus[r.rel] {
+			d := r.docs[i]
+			if (d.Key != nil && affected[*d.Key]) || (d.Key == nil && st.cfg != nil && affected[st.cfg.Key()]) {
+				document(r.rel, r.docs, i, false)
 				continue
 			}
-			c := d.Config
-			if prev, dup := next[c.Key()]; dup {
-				reject(st, string(c.Kind), fmt.Sprintf("%s: document %d (%s): already defined in %s", rel, d.Index, c.Key(), prev.Source), nil)
-				continue
+			status = append(status, st) // as last read: nothing it names changed
+			if st.Error != "" {
+				errs[st.Error] = true
 			}
-			// A document parsed anew that equals the config in force keeps the old pointer,
-			// here and in the parsed document, so unchanged configs compare cheaply
-			// downstream and on the next read (a document not parsed anew has it already).
-			if reparsed {
-				if o := old[c.Key()]; o != nil && o != c && o.Source == c.Source && o.Equal(c) {
-					c, docs[i].Config = o, o
-				}
-			}
-			next[c.Key()] = c
-			if reparsed {
-				fresh = append(fresh, c)
-			}
-			st.Status, st.cfg = "applied", c
-			status = append(status, st)
 		}
 	}
 	changed := map[config.Key]struct{}{}
-	remaining := 0 // keys of old still in force
-	for k, c := range next {
-		o, ok := old[k]
-		if ok {
-			remaining++
-		}
-		// A config that moved to another file or document changed its source.
-		if !ok || (o != c && (o.Source != c.Source || !o.Equal(c))) {
+	event := func(k config.Key, o, c *config.Config, existed bool) {
+		switch {
+		case c == nil:
 			changed[k] = struct{}{}
-			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), eventName(ok)).Inc()
+			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), "delete").Inc()
+		case !existed || (o != c && (o.Source != c.Source || !o.Equal(c))):
+			// A config that moved to another file or document changed its source.
+			changed[k] = struct{}{}
+			s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), eventName(existed)).Inc()
 		}
 	}
-	if remaining < len(old) { // some were removed
-		for k := range old {
-			if _, ok := next[k]; !ok {
-				changed[k] = struct{}{}
-				s.metrics.ConfigEvents.WithLabelValues(string(k.Kind), "delete").Inc()
+	if reread == nil {
+		remaining := 0 // keys of old still in force
+		for k, c := range next {
+			o, ok := old[k]
+			if ok {
+				remaining++
+			}
+			event(k, o, c, ok)
+		}
+		if remaining < len(old) { // some were removed
+			for k, o := range old {
+				if _, ok := next[k]; !ok {
+					event(k, o, nil, true)
+				}
+			}
+		}
+		s.spare.current = old
+	} else {
+		for k := range affected {
+			o, existed := oldVals[k]
+			if c, ok := next[k]; ok || existed {
+				event(k, o, c, existed)
 			}
 		}
 	}
-	s.spare.current, s.spare.status, s.spare.parsed = old, s.status, s.parsed
+	s.spare.status, s.spare.parsed = s.status, s.parsed
 	s.current, s.status, s.lastErrs, s.parsed, s.unreadable = next, status, errs, parsed, unreadable
 	s.sorted = updateSorted(s.sorted, next, changed)
 	// Remember the last good version of what is in force, by file: what files read anew
