@@ -21,25 +21,29 @@ type Index struct {
 }
 
 // NewIndex indexes configs; the slice is not retained.
-func NewIndex(configs []*Config) *Index { return Reindex(nil, configs) }
-
-// Reindex indexes configs as NewIndex does, sharing with prev (nil: none) the lists of
-// every kind whose configs are the very ones prev lists (configs are immutable: the same
-// pointer is the same config): a change of one config costs the lists of its kind, not the
-// whole index.
-func Reindex(prev *Index, configs []*Config) *Index {
-	sorted := configs
-	if !slices.IsSortedFunc(sorted, byKey) {
-		sorted = slices.Clone(configs)
-		SortConfigs(sorted)
+func NewIndex(configs []*Config) *Index {
+	if !slices.IsSortedFunc(configs, byKey) {
+		configs = slices.Clone(configs)
+		SortConfigs(configs)
 	}
+	return Reindex(nil, configs)
+}
+
+// Reindex indexes configs sorted by key (CompareKeys), as a ConfigStore lists them, sharing
+// with prev (nil: none) the lists of every kind whose configs are the very ones prev lists
+// (configs are immutable: the same pointer is the same config): a change of one config
+// costs the lists of its kind, not the whole index. Kinds are found by binary search and
+// unchanged kinds compared by pointer, so the configs of unchanged kinds are not read.
+func Reindex(prev *Index, sorted []*Config) *Index {
 	ix := &Index{byKind: map[Kind][]*Config{}, byNS: map[Kind]map[string][]*Config{}, n: len(sorted)}
 	for len(sorted) > 0 {
 		kind := sorted[0].Kind
-		n := 1
-		for n < len(sorted) && sorted[n].Kind == kind {
-			n++
-		}
+		n, _ := slices.BinarySearchFunc(sorted, kind, func(c *Config, k Kind) int {
+			if c.Kind <= k {
+				return -1
+			}
+			return 1
+		})
 		run := sorted[:n]
 		sorted = sorted[n:]
 		if prev != nil && slices.Equal(prev.byKind[kind], run) {

@@ -189,6 +189,7 @@ spec: {egress: [{hosts: ["./*"]}]}
 	before := append(parse(se("xa", "shop")+se("ya", "web")+se("za", "web")), sidecars...)
 	prev := NewIndex(before)
 	after := append(append(slices.Clone(before[:1]), parse(se("new", "shop"))...), before[1:]...)
+	SortConfigs(after)
 	ix := Reindex(prev, after)
 	fresh := NewIndex(after)
 
