@@ -59,7 +59,7 @@ func differences(got, want generated) []string {
 
 // A run of ServiceEntry changes, each pushed as the server pushes it (endpoints-only or
 // services-only snapshots derived from the one before), leaves every proxy of every golden
-// case receiving exactly what a snapshot built from scratch gives it, while the resources
+// case receiving exactly what a snapshot built from scratch for it alone gives it, while the resources
 // of unchanged hosts are the ones generated before the change (inherited, not generated
 // again); earlier snapshots keep generating what they did.
 func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
@@ -145,10 +145,11 @@ func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
 				} else {
 					snap = snap.WithEndpoints(version, agg, ev.Hosts)
 				}
-				fresh := push.Build("fresh", f.mesh, config.NewIndex(list()), agg)
 				m := moment{snap: snap}
 				for i, p := range f.proxies {
-					want := generateAll(fresh, p)
+					// A snapshot of its own: what the chain shares between proxies must not
+					// leak from one to another either.
+					want := generateAll(push.Build("fresh", f.mesh, config.NewIndex(list()), agg), p)
 					got := generateAll(snap, p)
 					require.Empty(t, differences(got, want), "step %d (%v), proxy %s", step, ev.Hosts, p.ID)
 					m.want = append(m.want, got)

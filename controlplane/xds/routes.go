@@ -12,6 +12,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Routes generates the outbound route configurations the proxy asked for, one per HTTP
@@ -71,12 +72,7 @@ func virtualHosts(v *View, op *outboundPort, grpc bool) []*route.VirtualHost {
 	s := v.Scope
 	rc := &routeCtx{scope: s, mesh: v.Snapshot.Mesh, port: op.Port, grpc: grpc}
 	e := op.egress
-	type entry struct {
-		name    string
-		domains []string
-		routes  []*route.Route
-	}
-	var entries []entry
+	var entries []vhostEntry
 	routed := map[string]bool{}
 	for _, vs := range e.VS {
 		var hosts []string
@@ -98,23 +94,31 @@ func virtualHosts(v *View, op *outboundPort, grpc bool) []*route.VirtualHost {
 		}
 		for _, h := range hosts {
 			routed[h] = true
-			entries = append(entries, entry{name: h, domains: domainsFor(s.Service(h), s.Namespace, op.Port), routes: routes})
+			entries = append(entries, vhostEntry{name: h, domains: domainsFor(s.Service(h), s.Namespace, op.Port), routes: routes})
 		}
 		for _, h := range external {
-			entries = append(entries, entry{name: h, domains: []string{h, fmt.Sprintf("%s:%d", h, op.Port)}, routes: routes})
+			entries = append(entries, vhostEntry{name: h, domains: []string{h, fmt.Sprintf("%s:%d", h, op.Port)}, routes: routes})
 		}
 	}
 	for _, h := range op.HTTPHost {
 		if routed[h] {
 			continue
 		}
-		svc := s.Service(h)
-		hash := rc.serviceHash(h)
-		entries = append(entries, entry{name: h, domains: domainsFor(svc, s.Namespace, op.Port),
-			routes: []*route.Route{defaultHTTPRoute(v.Snapshot.Mesh, OutboundClusterName(op.Port, "", h), h, op.Port, hash, grpc)}})
+		// A service's default virtual host depends on the service, the client's namespace,
+		// the port and the service's DestinationRule: kept by host, it outlives changes of
+		// other services.
+		key := push.HostKey{Host: h, Name: fmt.Sprintf("vhost\x00%d\x00%s\x00%s\x00%t", op.Port, s.Namespace, drVariant(s.DestinationRule(h)), grpc)}
+		entries = append(entries, v.Snapshot.Full.Get(key, func() any {
+			return vhostEntry{name: h, domains: domainsFor(s.Service(h), s.Namespace, op.Port),
+				routes: []*route.Route{defaultHTTPRoute(v.Snapshot.Mesh, OutboundClusterName(op.Port, "", h), h, op.Port, rc.serviceHash(h), grpc)}}
+		}).(vhostEntry))
 	}
 	sort.SliceStable(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
-	seen := map[string]bool{}
+	total := 0
+	for _, en := range entries {
+		total += len(en.domains)
+	}
+	seen := make(map[string]bool, total)
 	out := make([]*route.VirtualHost, 0, len(entries)+1)
 	for _, en := range entries {
 		var domains []string
@@ -156,6 +160,14 @@ func virtualHosts(v *View, op *outboundPort, grpc bool) []*route.VirtualHost {
 		})
 	}
 	return out
+}
+
+// vhostEntry is a virtual host before domains claimed by an earlier one are dropped. Its
+// slices are shared (memoized) and not modified.
+type vhostEntry struct {
+	name    string
+	domains []string
+	routes  []*route.Route
 }
 
 // serviceHash is the consistent-hash key of a service's DestinationRule for the port (a

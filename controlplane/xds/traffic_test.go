@@ -3,6 +3,7 @@ package xds_test
 import (
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -59,6 +60,12 @@ spec:
 // viewOf builds a snapshot from configs and returns a proxy's view of it.
 func viewOf(t *testing.T, yaml string, md map[string]any) *xds.View {
 	t.Helper()
+	return viewIn(t, snapshotOf(t, yaml), md)
+}
+
+// snapshotOf builds a snapshot from configs.
+func snapshotOf(t *testing.T, yaml string) *push.Snapshot {
+	t.Helper()
 	var cs []*config.Config
 	for _, d := range config.ParseFile("test.yaml", []byte(yaml)) {
 		require.Nil(t, d.Err, "%v", d.Err)
@@ -66,7 +73,13 @@ func viewOf(t *testing.T, yaml string, md map[string]any) *xds.View {
 	}
 	reg := registry.NewServiceEntries(slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
 	reg.SetConfigs(cs)
-	snap := push.Build("test", mesh.Default(), config.NewIndex(cs), registry.NewAggregate(reg))
+	return push.Build("test", mesh.Default(), config.NewIndex(cs), registry.NewAggregate(reg))
+}
+
+// viewIn is a proxy's view of snap: a sidecar in namespace shop labelled app=client
+// unless md says otherwise.
+func viewIn(t *testing.T, snap *push.Snapshot, md map[string]any) *xds.View {
+	t.Helper()
 	if md == nil {
 		md = map[string]any{"NAMESPACE": "shop", "LABELS": map[string]any{"app": "client"}}
 	}
@@ -325,6 +338,38 @@ spec:
 	// A rule exported only to its own namespace is invisible elsewhere.
 	other := map[string]any{"NAMESPACE": "other"}
 	assert.Equal(t, cluster.Cluster_LEAST_REQUEST, clusterOf(t, viewOf(t, cfg, other), name).GetLbPolicy())
+}
+
+// Clients of one snapshot each get the default routes of their own view: the short names
+// of their own namespace, and the hash key of the DestinationRule they see (generated
+// pieces are shared between clients only where these agree).
+func TestDefaultRoutesFollowEachClientInOneSnapshot(t *testing.T) {
+	snap := snapshotOf(t, reviewsSE+`---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews-special, namespace: shop}
+spec:
+  host: reviews.shop.svc.cluster.local
+  workloadSelector: {matchLabels: {app: special}}
+  trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}
+`)
+	client := func(ns, app string) map[string]any {
+		return map[string]any{"NAMESPACE": ns, "LABELS": map[string]any{"app": app}}
+	}
+	for _, c := range []struct {
+		md        map[string]any
+		shortName bool
+		hash      int
+	}{
+		{client("shop", "client"), true, 0},
+		{client("web", "client"), false, 0},  // another namespace
+		{client("shop", "special"), true, 1}, // another rule
+		{client("shop", "client"), true, 0},
+	} {
+		vh := vhost(t, routeConfig(t, viewIn(t, snap, c.md), "9080"), "reviews.shop.svc.cluster.local:9080")
+		assert.Equal(t, c.shortName, slices.Contains(vh.GetDomains(), "reviews"), "%v: domains %v", c.md, vh.GetDomains())
+		assert.Len(t, vh.GetRoutes()[0].GetRoute().GetHashPolicy(), c.hash, "%v", c.md)
+	}
 }
 
 func TestSidecarScopesClustersRoutesListenersAndEndpoints(t *testing.T) {
