@@ -395,7 +395,9 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 				named(prevStatus[rel])
 			}
 		}
-		if reread != nil && len(redo) == 0 && len(affected) == 0 && !gone {
+		if reread == nil {
+			redo, affected = nil, nil // going through everything after all
+		} else if len(redo) == 0 && len(affected) == 0 && !gone {
 			s.mu.Unlock()
 			return // nothing changed
 		}
