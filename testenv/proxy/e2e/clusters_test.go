@@ -149,10 +149,7 @@ func tcpListenerYAML(name, proxy string) string {
 
 func TestTCPProxy(t *testing.T) {
 	e1, e2 := echoServer(t, "e1"), echoServer(t, "e2")
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	deadAddr := dead.Addr().String()
-	require.NoError(t, dead.Close())
+	deadAddr := refusingAddr(t)
 	clusters := staticCluster("e1", "", e1) + staticCluster("e2", "", e2) + staticCluster("flaky", "", deadAddr, e1)
 	listeners := tcpListenerYAML("single", "\n          cluster: e1") +
 		tcpListenerYAML("weighted", "\n          weighted_clusters: {clusters: [{name: e1, weight: 1}, {name: e2, weight: 1}]}") +

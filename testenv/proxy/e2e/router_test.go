@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -129,10 +128,7 @@ func doBody(t *testing.T, c *http.Client, method, url string, body []byte, hdr m
 func TestRetries(t *testing.T) {
 	f, up := newFlaky(t, "flaky")
 	good := newUpstream(t, "good", false, nil)
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	deadAddr := dead.Addr().String()
-	require.NoError(t, dead.Close())
+	deadAddr := refusingAddr(t)
 	backoff := `, retry_back_off: {base_interval: 0.001s, max_interval: 0.002s}`
 	routes := routeYAML("/5xx", `{cluster: flaky, retry_policy: {retry_on: 5xx, num_retries: 2`+backoff+`}}`) +
 		routeYAML("/gw", `{cluster: flaky, retry_policy: {retry_on: gateway-error, num_retries: 2`+backoff+`}}`) +
