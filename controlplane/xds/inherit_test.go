@@ -59,9 +59,9 @@ func differences(got, want generated) []string {
 
 // A run of ServiceEntry changes, each pushed as the server pushes it (endpoints-only or
 // services-only snapshots derived from the one before), leaves every proxy of every golden
-// case receiving exactly what a snapshot built from scratch for it alone gives it, while the resources
-// of unchanged hosts are the ones generated before the change (inherited, not generated
-// again); earlier snapshots keep generating what they did.
+// case receiving exactly what a snapshot built from scratch for it alone gives it, while
+// the resources of unchanged hosts are the ones generated before the change (inherited, not
+// generated again); earlier snapshots keep generating what they did.
 func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
 	cases, err := os.ReadDir("testdata")
 	require.NoError(t, err)
