@@ -215,12 +215,16 @@ func parseDocument(file string, index int, doc []byte) Document {
 			Kind: Kind(h.Kind), Group: group, Version: version,
 			Name: h.Metadata.Name, Namespace: ns,
 			Labels: h.Metadata.Labels, Annotations: h.Metadata.Annotations,
-			Source: fmt.Sprintf("%s#%d", file, index),
+			Source: DocumentSource(file, index),
 		},
 		Spec: spec,
 	}
 	return d
 }
+
+// DocumentSource names where a config came from: its file and document ("file#document",
+// documents counted from 1), as Meta.Source holds it.
+func DocumentSource(file string, index int) string { return fmt.Sprintf("%s#%d", file, index) }
 
 // protojson errors read "proto: (line 1:23): unknown field \"x\""; the position refers to the
 // JSON form, which the user never saw, so only the message is kept.

@@ -80,7 +80,7 @@ type lastGood struct {
 	bySource map[string]*config.Config
 }
 
-// sourceFile is the file part of a config's source ("file#document").
+// sourceFile is the file part of a config's source (config.DocumentSource).
 func sourceFile(src string) string {
 	file, _, _ := strings.Cut(src, "#")
 	return file
@@ -279,7 +279,7 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 			bySource = map[string]*config.Config{}
 			for _, st := range s.status {
 				if st.cfg != nil {
-					bySource[fmt.Sprintf("%s#%d", st.File, st.Doc)] = st.cfg
+					bySource[config.DocumentSource(st.File, st.Doc)] = st.cfg
 				}
 			}
 		}
@@ -295,7 +295,7 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 			}
 			return s.lastGood[rel].byKey[*d.Key]
 		}
-		src := fmt.Sprintf("%s#%d", rel, d.Index)
+		src := config.DocumentSource(rel, d.Index)
 		if kept := oldBySource(src); kept != nil {
 			return kept
 		}
@@ -357,9 +357,9 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 		// A rejected document's fallback reads what was in force before the read, which a
 		// read can change without touching its file: every key a rejected document names is
 		// gone through again (rejections are few).
-		for _, st := range s.status {
-			if st.Error != "" {
-				named([]DocStatus{st})
+		for i := range s.status {
+			if s.status[i].Error != "" {
+				named(s.status[i : i+1])
 			}
 		}
 		listed := make(map[string]bool, len(reads))
