@@ -100,15 +100,23 @@ func loadCase(t *testing.T, dir string) *fixture {
 
 type validator interface{ ValidateAll() error }
 
-func TestGolden(t *testing.T) {
-	cases, err := os.ReadDir("testdata")
+// goldenCases lists the case directories under testdata.
+func goldenCases(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir("testdata")
 	require.NoError(t, err)
-	for _, c := range cases {
-		if !c.IsDir() {
-			continue
+	var dirs []string
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, filepath.Join("testdata", e.Name()))
 		}
-		t.Run(c.Name(), func(t *testing.T) {
-			dir := filepath.Join("testdata", c.Name())
+	}
+	return dirs
+}
+
+func TestGolden(t *testing.T) {
+	for _, dir := range goldenCases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
 			f := loadCase(t, dir)
 			var out []map[string]any
 			for i, p := range f.proxies {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -63,14 +62,9 @@ func differences(got, want generated) []string {
 // the resources of unchanged hosts are the ones generated before the change (inherited, not
 // generated again); earlier snapshots keep generating what they did.
 func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
-	cases, err := os.ReadDir("testdata")
-	require.NoError(t, err)
-	for ci, c := range cases {
-		if !c.IsDir() {
-			continue
-		}
-		t.Run(c.Name(), func(t *testing.T) {
-			f := loadCase(t, filepath.Join("testdata", c.Name()))
+	for ci, dir := range goldenCases(t) {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			f := loadCase(t, dir)
 			rng := rand.New(rand.NewPCG(uint64(ci), 7))
 			configs := map[config.Key]*config.Config{}
 			for _, cfg := range f.configs {

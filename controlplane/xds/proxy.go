@@ -45,6 +45,9 @@ type View struct {
 	Key string
 	// ext is what the proxy's WasmPlugins, EnvoyFilters and Telemetry add (extensionsOf).
 	ext *proxyExtensions
+	// perAddress: an inbound forwards to the pod's own address (a Sidecar ingress
+	// defaultEndpoint 0.0.0.0), which the shape leaves out.
+	perAddress bool
 }
 
 // Shape renders every proxy property NewView reads; proxies with the same shape get the
@@ -86,7 +89,14 @@ func CachedScope(snap *push.Snapshot, p *model.Proxy, shape string) *Scope {
 func sharedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
 	// EnvoyFilter proxy matches may read the proxy's version and metadata: those in use
 	// extend the shape (usually nothing).
-	return snap.Full.Get(viewKey{shape + proxyMatchKey(snap, p)}, func() any { return NewView(snap, p) }).(*View)
+	key := viewKey{shape + proxyMatchKey(snap, p)}
+	v := snap.Full.Get(key, func() any { return NewView(snap, p) }).(*View)
+	if v.perAddress {
+		// Views of this shape depend on the pod's address too.
+		key.shape += "|" + p.IP()
+		v = snap.Full.Get(key, func() any { return NewView(snap, p) }).(*View)
+	}
+	return v
 }
 
 // NewView computes the proxy's inbound ports and cache key for a snapshot.
@@ -139,7 +149,7 @@ func NewView(snap *push.Snapshot, p *model.Proxy) *View {
 				ap := netip.MustParseAddrPort(ep) // validated
 				in.EndpointAddr, in.EndpointPort = ap.Addr().String(), uint32(ap.Port())
 				if ap.Addr().IsUnspecified() {
-					in.EndpointAddr = p.IP()
+					in.EndpointAddr, v.perAddress = p.IP(), true
 				}
 			}
 			byPort[port] = in
@@ -155,9 +165,9 @@ func NewView(snap *push.Snapshot, p *model.Proxy) *View {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s|%s|%s|%s|%s|%s", p.Type, p.InterceptionMode, p.Namespace, model.SortedLabels(p.Labels), p.Generator, v.Scope.Key)
-	if v.Scope.Sidecar != nil || trafficOf(snap).localityMatters {
-		// Ingress binds and endpoints use the proxy's addresses; DNS clusters its locality.
-		fmt.Fprintf(&b, "|%s|%s|%s", p.Localhost, p.IP(), localityString(p))
+	if trafficOf(snap).localityMatters {
+		// DNS clusters carry endpoints ordered for the client's locality.
+		b.WriteString("|" + localityString(p))
 	}
 	if p.InterceptionMode == model.InterceptionNone {
 		// Listeners bind the proxy's own addresses only without interception.
