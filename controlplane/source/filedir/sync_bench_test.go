@@ -41,3 +41,29 @@ func BenchmarkSyncOneChangedFile(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSyncNewFile is a new small file in a directory shaped as the push benchmark's:
+// one file of 3000 configs and 300 small files of two (the file's write is not timed).
+func BenchmarkSyncNewFile(b *testing.B) {
+	dir := b.TempDir()
+	var big strings.Builder
+	for i := range 3000 {
+		big.WriteString("---\n" + se("svc-"+strconv.Itoa(i), 80))
+	}
+	write(b, filepath.Join(dir, "services.yaml"), big.String())
+	for f := range 300 {
+		write(b, filepath.Join(dir, "small-"+strconv.Itoa(f)+".yaml"), se("small-"+strconv.Itoa(f), 80)+"---\n"+se("small-b-"+strconv.Itoa(f), 81))
+	}
+	s := newSource(dir)
+	require.NoError(b, s.Sync())
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		extra := filepath.Join(dir, "extra-"+strconv.Itoa(i)+".yaml")
+		write(b, extra, se("extra-"+strconv.Itoa(i), 80)+"---\n"+se("extra-b-"+strconv.Itoa(i), 81))
+		b.StartTimer()
+		require.NoError(b, s.SyncPaths(map[string]struct{}{extra: {}}))
+	}
+	b.StopTimer()
+	require.Len(b, s.List(), 3600+2*b.N)
+}
