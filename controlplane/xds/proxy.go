@@ -50,8 +50,10 @@ type View struct {
 	perAddress bool
 }
 
-// Shape renders every proxy property NewView reads; proxies with the same shape get the
-// same view, so connections compute it once per snapshot (see CachedView).
+// Shape renders every proxy property NewView reads but the pod's address where only a
+// Sidecar ingress forwarding to 0.0.0.0 reads it (such views are kept per address, see
+// sharedView); proxies with the same shape get the same view, so connections compute it once
+// per snapshot (see CachedView).
 func Shape(p *model.Proxy) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s|%s|%s|%s|%s|%s|%s", p.Type, p.InterceptionMode, p.Namespace, model.SortedLabels(p.Labels), p.Localhost,
