@@ -28,16 +28,22 @@ func (r *hostsRegistry) Services() []*model.Service           { return r.service
 func (r *hostsRegistry) Endpoints(h string) []*model.Endpoint { return r.endpoints[h] }
 func (r *hostsRegistry) AddHandler(registry.Handler)          {}
 
-// A long run of endpoints-only changes (layered snapshots, flattened every maxLayers) leaves
-// every snapshot answering exactly the endpoints of its moment, and its EDS memo inheriting
-// the entries of unchanged hosts only.
-func TestEndpointsOnlySnapshotsStayExact(t *testing.T) {
+// servicesWithOneEndpoint is a registry of n services svc-<i>.test, each with one endpoint.
+func servicesWithOneEndpoint(n int) *hostsRegistry {
 	reg := &hostsRegistry{endpoints: map[string][]*model.Endpoint{}}
-	for i := range 20 {
+	for i := range n {
 		h := fmt.Sprintf("svc-%d.test", i)
 		reg.services = append(reg.services, &model.Service{Hostname: h})
 		reg.endpoints[h] = []*model.Endpoint{{Address: fmt.Sprintf("10.0.%d.1", i)}}
 	}
+	return reg
+}
+
+// A long run of endpoints-only changes (layered snapshots, flattened every maxLayers) leaves
+// every snapshot answering exactly the endpoints of its moment, and its EDS memo inheriting
+// the entries of unchanged hosts only.
+func TestEndpointsOnlySnapshotsStayExact(t *testing.T) {
+	reg := servicesWithOneEndpoint(20)
 	snap := Build("v0", nil, nil, reg)
 	type moment struct {
 		snap *Snapshot
@@ -177,12 +183,7 @@ func TestServicesOnlySnapshotsMatchAFullBuild(t *testing.T) {
 // snapshot whose memo entries refer to it (as generated views do) is collected once no
 // push holds it, though its successors still serve what it generated per host.
 func TestDerivedSnapshotsDoNotKeepTheirParentAlive(t *testing.T) {
-	reg := &hostsRegistry{endpoints: map[string][]*model.Endpoint{}}
-	for i := range 40 {
-		h := fmt.Sprintf("svc-%d.test", i)
-		reg.services = append(reg.services, &model.Service{Hostname: h})
-		reg.endpoints[h] = []*model.Endpoint{{Address: fmt.Sprintf("10.0.%d.1", i)}}
-	}
+	reg := servicesWithOneEndpoint(40)
 	parent := Build("v0", nil, nil, reg)
 	collected := make(chan struct{})
 	runtime.AddCleanup(parent, func(ch chan struct{}) { close(ch) }, collected)
