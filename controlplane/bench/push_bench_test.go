@@ -87,9 +87,14 @@ type usage struct {
 }
 
 func sample(bytes *ByteCounter) usage {
+	return usage{cpu: processCPU(), bytes: bytes.Bytes()}
+}
+
+// processCPU is the CPU this process has used so far.
+func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return usage{cpu: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), bytes: bytes.Bytes()}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // gcSample is the runtime's estimate of the CPU its collector has used, and the bytes
