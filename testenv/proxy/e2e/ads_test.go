@@ -135,12 +135,15 @@ dynamic_resources:
   cds_config: {ads: {}, resource_api_version: V3}
   lds_config: {ads: {}, resource_api_version: V3}
 static_resources:
-  clusters:` + staticCluster("xds-grpc", `
+  clusters:` + staticCluster("xds-grpc", h2ProtocolOptions, cpAddr) + "\n"
+}
+
+// h2ProtocolOptions makes a static cluster speak HTTP/2 (the xDS cluster).
+const h2ProtocolOptions = `
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}`, cpAddr) + "\n"
-}
+        explicit_http_config: {http2_protocol_options: {}}`
 
 func edsCluster(name string) *clusterv3.Cluster {
 	return &clusterv3.Cluster{

@@ -1,10 +1,12 @@
 // Package hotrestart hands a running meshproxy's listening sockets to its successor, as
 // Envoy's hot restart does: epoch N listens on a unix domain socket named from the base id
 // and its epoch; epoch N+1 (same --base-id, --restart-epoch N+1) connects to it, receives
-// every listening socket and the admin socket as file descriptors (SCM_RIGHTS), starts
-// accepting on them, and once it is initialized tells epoch N to drain; epoch N stops
-// accepting (the sockets stay open in the child, so no queued connection is lost),
-// drains its connections and exits after --parent-shutdown-time-s.
+// every listening socket and the admin socket as file descriptors (SCM_RIGHTS), has epoch
+// N stop serving its admin API and serves it instead (Envoy's child shuts the parent's admin
+// down as it starts), accepts on the listening sockets once it is initialized and then tells
+// epoch N to drain; epoch N stops accepting (the sockets stay open in the child, so no
+// queued connection is lost), drains its connections and exits after
+// --parent-shutdown-time-s.
 package hotrestart
 
 import (
@@ -30,7 +32,7 @@ func SocketName(baseID uint64, epoch int) string {
 const adminKey = "admin"
 
 type request struct {
-	Op string `json:"op"` // "sockets", "drain", "terminate"
+	Op string `json:"op"` // "sockets", "admin", "drain", "terminate"
 }
 
 type reply struct {
@@ -44,6 +46,8 @@ type Provider interface {
 	Sockets() map[string]net.Listener
 	// AdminListener is the admin socket (nil without admin).
 	AdminListener() net.Listener
+	// ShutdownAdmin stops serving the admin socket: the next epoch took it.
+	ShutdownAdmin()
 	// Drain stops accepting and drains; the provider exits after the parent shutdown time.
 	Drain()
 	// Terminate exits now.
@@ -89,6 +93,9 @@ func serveConn(c *net.UnixConn, p Provider) {
 			if err := sendSockets(c, p); err != nil {
 				return
 			}
+		case "admin":
+			p.ShutdownAdmin()
+			_ = writeReply(c, reply{}, nil)
 		case "drain":
 			p.Drain()
 			_ = writeReply(c, reply{}, nil)
@@ -224,8 +231,15 @@ func (p *Parent) Take(key string) (net.Listener, bool) {
 	return l, ok
 }
 
-// TakeAdmin returns the parent's admin socket.
-func (p *Parent) TakeAdmin(string) (net.Listener, bool) { return p.Take(adminKey) }
+// TakeAdmin returns the parent's admin socket; the parent stops serving it, so that from
+// now on every admin request reaches this epoch.
+func (p *Parent) TakeAdmin(string) (net.Listener, bool) {
+	l, ok := p.Take(adminKey)
+	if ok && p.send("admin") == nil {
+		_, _ = p.r.ReadBytes('\n')
+	}
+	return l, ok
+}
 
 // DrainParent asks the parent to stop accepting and drain.
 func (p *Parent) DrainParent() {

@@ -265,22 +265,22 @@ func (l *Listener) start(parent context.Context, d Deps, m *Manager, inherited *
 	}
 	l.sock = &socket{lis: lis, name: l.Name, done: make(chan struct{})}
 	l.sock.accepting.Store(true)
-	go l.sock.acceptLoop(parent, d, m)
+	m.accept(l.sock)
 	return nil
 }
 
-func (s *socket) acceptLoop(ctx context.Context, d Deps, m *Manager) {
+func (s *socket) acceptLoop(m *Manager) {
 	defer close(s.done)
 	for {
 		conn, err := s.lis.Accept()
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) || !s.accepting.Load() {
+			if m.ctx.Err() != nil || errors.Is(err, net.ErrClosed) || !s.accepting.Load() {
 				return
 			}
-			d.Log.Warn("accept failed", "listener", s.name, "err", err)
+			m.deps.Log.Warn("accept failed", "listener", s.name, "err", err)
 			select {
 			case <-time.After(10 * time.Millisecond):
-			case <-ctx.Done():
+			case <-m.ctx.Done():
 				return
 			}
 			continue

@@ -30,6 +30,12 @@ type Manager struct {
 	draining []*Listener
 	onChange []func()
 
+	// workers: accept loops run. Envoy's workers, which accept, start once the server is
+	// initialized; sockets bound before then are held (their connections wait in the listen
+	// backlog, or in a hot restart go to the previous epoch, still accepting on them).
+	workers bool
+	held    []*socket
+
 	conns atomic.Int64
 	st    struct {
 		added, modified, removed, createFail *stats.Counter
@@ -149,6 +155,30 @@ func (m *Manager) Recheck() error {
 		return errs[0]
 	}
 	return nil
+}
+
+// accept starts a socket's accept loop, or holds it until StartWorkers (m.mu held).
+func (m *Manager) accept(s *socket) {
+	if !m.workers {
+		m.held = append(m.held, s)
+		return
+	}
+	go s.acceptLoop(m)
+}
+
+// StartWorkers starts accepting, on the sockets bound so far and on every one bound
+// later: the server calls it once initialized (LIVE), as Envoy starts its workers.
+func (m *Manager) StartWorkers() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.workers {
+		return
+	}
+	m.workers = true
+	for _, s := range m.held {
+		go s.acceptLoop(m)
+	}
+	m.held = nil
 }
 
 // drainOld stops an updated listener's old filter chains after the drain time; its

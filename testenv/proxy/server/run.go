@@ -58,6 +58,8 @@ func (p hotRestartProvider) Sockets() map[string]net.Listener {
 
 func (p hotRestartProvider) AdminListener() net.Listener { return p.s.adminLis }
 
+func (p hotRestartProvider) ShutdownAdmin() { p.s.CloseAdmin() }
+
 // Drain is Envoy's parent drain: stop accepting (the child accepts on the same sockets),
 // hand the admin port over, tell connections to go away per the drain strategy, and exit
 // after --parent-shutdown-time-s.

@@ -570,6 +570,7 @@ func (s *Server) evaluateState() {
 		s.store.Gauge("server.live").Set(1)
 		s.store.Gauge("server.state").Set(0)
 		s.log.Info("all dependencies initialized. starting workers")
+		s.listeners.StartWorkers()
 		if s.hotParent != nil {
 			go s.finishHotRestart()
 		}
