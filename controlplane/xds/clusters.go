@@ -35,10 +35,16 @@ func OutboundClusterName(port uint32, subset, host string) string {
 // InboundClusterName is Istio's "inbound|<port>||" for a workload port.
 func InboundClusterName(port uint32) string { return fmt.Sprintf("inbound|%d||", port) }
 
+// adsConfigSource is where a proxy finds RDS routes and EDS endpoints: the ADS stream,
+// waited for however long it takes (initial_fetch_timeout 0, as Istio sets it since
+// istio/istio#31825): with Envoy's default of 15 s, a proxy whose control plane answers
+// slowly would finish warming without its routes or endpoints and report ready with
+// listeners that answer 404 and clusters with no hosts.
 func adsConfigSource() *core.ConfigSource {
 	return &core.ConfigSource{
 		ResourceApiVersion:    core.ApiVersion_V3,
 		ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}},
+		InitialFetchTimeout:   durationpb.New(0),
 	}
 }
 
