@@ -210,8 +210,15 @@ func (c *Client) stream(ctx context.Context) error {
 	c.event("connected", "")
 
 	var sendMu sync.Mutex
-	// Start with CDS; the rest follows as responses arrive.
+	// Start with CDS; on a first stream the rest follows as responses arrive. On a
+	// reconnect every type the proxy was subscribed to is requested again at once, in
+	// Envoy's order, as Envoy's mux does when its stream is re-established: the server
+	// may have nothing new to say about the clusters, and waiting for a CDS response
+	// would leave EDS, LDS and RDS unsubscribed.
 	if err := c.subscribe(s, &sendMu, CDS); err != nil {
+		return err
+	}
+	if err := c.resubscribeAll(s, &sendMu); err != nil {
 		return err
 	}
 	recvErr := make(chan error, 1)
