@@ -476,8 +476,11 @@ func (p *proxy) adminHandler() http.Handler {
 			err := f(r)
 			var ex *exitAfter
 			if errors.As(err, &ex) {
+				// A length, not chunks: the terminating chunk would be written only when
+				// the handler returns, which the exit may not wait for.
 				w.Header().Set("Connection", "close")
-				fmt.Fprintln(w, "OK")
+				w.Header().Set("Content-Length", "3")
+				fmt.Fprint(w, "OK\n")
 				http.NewResponseController(w).Flush()
 				p.exit <- ex.code
 				return
