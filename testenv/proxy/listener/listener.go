@@ -235,8 +235,8 @@ func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.
 
 // start starts the filter chains and binds (unless bind_to_port is false or the socket
 // is taken over from the previous version of the listener or the previous epoch).
-func (l *Listener) start(parent context.Context, d Deps, m *Manager, inherited *socket) error {
-	l.ctx, l.cancel = context.WithCancel(parent)
+func (l *Listener) start(m *Manager, inherited *socket) error {
+	l.ctx, l.cancel = context.WithCancel(m.ctx)
 	for _, c := range append(append([]*filterChain(nil), l.chains...), l.defaultChain) {
 		if c != nil {
 			c.filter.Start(l.ctx)
@@ -250,8 +250,8 @@ func (l *Listener) start(parent context.Context, d Deps, m *Manager, inherited *
 		return nil
 	}
 	var lis net.Listener
-	if d.Sockets != nil {
-		if s, ok := d.Sockets.Take(SocketKey(l.Name, l.Address)); ok {
+	if m.deps.Sockets != nil {
+		if s, ok := m.deps.Sockets.Take(SocketKey(l.Name, l.Address)); ok {
 			lis = s
 		}
 	}

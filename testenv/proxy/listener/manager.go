@@ -133,7 +133,7 @@ func (m *Manager) Recheck() error {
 			// In-place update: the socket stays, the old filter chains drain.
 			inherited = old.sock
 		}
-		if err := l.start(m.ctx, m.deps, m, inherited); err != nil {
+		if err := l.start(m, inherited); err != nil {
 			errs = append(errs, err)
 			m.st.createFail.Inc()
 			continue

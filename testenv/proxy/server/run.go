@@ -61,8 +61,9 @@ func (p hotRestartProvider) AdminListener() net.Listener { return p.s.adminLis }
 func (p hotRestartProvider) ShutdownAdmin() { p.s.CloseAdmin() }
 
 // Drain is Envoy's parent drain: stop accepting (the child accepts on the same sockets),
-// hand the admin port over, tell connections to go away per the drain strategy, and exit
-// after --parent-shutdown-time-s.
+// stop serving the admin port (already done if the child took it, see ShutdownAdmin),
+// tell connections to go away per the drain strategy, and exit after
+// --parent-shutdown-time-s.
 func (p hotRestartProvider) Drain() {
 	s := p.s
 	s.log.Info("hot restart: draining for the next epoch", "drain_time", s.opts.DrainTime, "parent_shutdown_time", s.opts.ParentShutdownTime)
