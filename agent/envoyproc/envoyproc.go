@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/wasmesh/wasmesh/agent/admin"
@@ -126,6 +127,9 @@ func (p *Proxy) Run(abort context.Context, _ string, epoch int, ready func()) er
 	if len(p.c.Env) > 0 {
 		cmd.Env = append(os.Environ(), p.c.Env...)
 	}
+	// The proxy never outlives its agent, as Envoy dies with pilot-agent: the kernel kills
+	// it when the agent goes, however the agent goes (SIGKILL, a crash, its parent's death).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.c.BinaryPath, err)
 	}

@@ -129,9 +129,19 @@ func TestBadInputExitsNonZeroNamingIt(t *testing.T) {
 	}
 }
 
-// TestSidecarProcessStartsWaitsAndStops runs the agent binary as a pod would: start,
-// `agent wait` on the proxy's readiness listener, SIGTERM, clean exit.
-func TestSidecarProcessStartsWaitsAndStops(t *testing.T) {
+// sidecarProcess is the agent binary running `proxy sidecar` with the test proxy, as a pod
+// runs it, until the test ends.
+type sidecarProcess struct {
+	cmd    *exec.Cmd
+	ip     string
+	dir    string
+	logs   *bytes.Buffer
+	exited chan error    // the agent's exit, for the test to receive
+	done   chan struct{} // closed once the agent has exited
+}
+
+func startSidecar(t *testing.T) *sidecarProcess {
+	t.Helper()
 	proxytest.RequireKnobs(t)
 	ip := proxytest.Loopback(t, 15000, 15020, 15021, 15090)
 	dir := t.TempDir()
@@ -141,23 +151,27 @@ func TestSidecarProcessStartsWaitsAndStops(t *testing.T) {
 	cmd.Env = append(os.Environ(), "POD_NAME=web-1", "POD_NAMESPACE=shop", "INSTANCE_IP="+ip,
 		"WASMESH_LOCALHOST="+ip, "WASMESH_WILDCARD="+ip, "TESTPROXY_CONFIG_ON_START=1",
 		`PROXY_CONFIG={"terminationDrainDuration":"0.2s"}`)
-	var logs bytes.Buffer
-	cmd.Stderr, cmd.Stdout = &logs, &logs
+	s := &sidecarProcess{cmd: cmd, ip: ip, dir: dir, logs: &bytes.Buffer{},
+		exited: make(chan error, 1), done: make(chan struct{})}
+	cmd.Stderr, cmd.Stdout = s.logs, s.logs
 	// The proxy inherits the output pipe; do not wait on it forever if it outlives the agent.
 	cmd.WaitDelay = 2 * time.Second
 	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopped := false
-	defer func() {
-		if !stopped {
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
-
+	go func() { s.exited <- cmd.Wait(); close(s.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-s.done
+	})
 	code, _, errOut := runAgent(t, nil, "wait", "--url", "http://"+ip+":15021/healthz/ready", "--periodMillis", "50", "--timeoutSeconds", "20")
-	require.Equal(t, 0, code, errOut+"\nagent logs:\n"+logs.String())
+	require.Equal(t, 0, code, errOut+"\nagent logs:\n"+s.logs.String())
+	return s
+}
+
+// TestSidecarProcessStartsWaitsAndStops runs the agent binary as a pod would: start,
+// `agent wait` on the proxy's readiness listener, SIGTERM, clean exit.
+func TestSidecarProcessStartsWaitsAndStops(t *testing.T) {
+	s := startSidecar(t)
+	ip, dir, logs, exited := s.ip, s.dir, s.logs, s.exited
 	require.FileExists(t, filepath.Join(dir, "proxy", "envoy-rev0.json"))
 
 	// The log level changes at run time.
@@ -181,14 +195,69 @@ func TestSidecarProcessStartsWaitsAndStops(t *testing.T) {
 	_, body = level(http.MethodGet, "")
 	assert.Equal(t, "level: DEBUG", body, "a bad level changes nothing")
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
 	select {
 	case err := <-exited:
-		stopped = true
 		assert.NoError(t, err, logs.String())
 	case <-time.After(15 * time.Second):
 		t.Fatal("agent did not stop on SIGTERM\n" + logs.String())
 	}
 	assert.Contains(t, logs.String(), "graceful termination period complete")
 	assert.NoFileExists(t, filepath.Join(dir, "proxy", "envoy-rev0.json"), "the epoch's bootstrap is cleaned up")
+}
+
+// TestProxyDiesWithItsAgent: however the agent goes (here SIGKILL, which it cannot handle),
+// its proxy goes with it, as Envoy does under pilot-agent; no proxy is left serving under
+// PID 1.
+func TestProxyDiesWithItsAgent(t *testing.T) {
+	s := startSidecar(t)
+	proxies := childrenOf(t, s.cmd.Process.Pid)
+	require.NotEmpty(t, proxies, "the agent runs its proxy as a child process")
+	t.Cleanup(func() {
+		for _, pid := range proxies {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	require.NoError(t, s.cmd.Process.Kill())
+	<-s.exited
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range proxies {
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				t.Fatalf("proxy pid %d outlived its agent", pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// childrenOf lists the child processes of pid (every thread's children).
+func childrenOf(t *testing.T, pid int) []int {
+	t.Helper()
+	files, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	require.NoError(t, err)
+	var out []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, field := range strings.Fields(string(b)) {
+			var c int
+			_, err := fmt.Sscan(field, &c)
+			require.NoError(t, err)
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// alive reports whether pid is a running process (not gone, not a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name in parentheses, which may hold spaces.
+	rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+	f := strings.Fields(rest)
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
