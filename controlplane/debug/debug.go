@@ -30,6 +30,9 @@ type Deps struct {
 	// Workloads lists auto-registered workloads; may be nil.
 	Workloads func() []*model.Workload
 	Gatherer  prometheus.Gatherer
+	// NotInForce, when set, says which ServiceEntries the registry holds only partly or not
+	// at all (another defines their hosts first); /debug/configz reports their documents so.
+	NotInForce func() map[config.Key]registry.NotInForce
 	// Extensions, when set, reports the state of extension configs (EnvoyFilter patches not
 	// applied, Wasm modules) in /debug/configz.
 	Extensions func() any
@@ -104,6 +107,9 @@ func configz(d Deps) configzOut {
 			out.Configs = append(out.Configs, configEntry{Kind: c.Kind, Namespace: c.Namespace, Name: c.Name, Source: c.Source, Spec: compact(spec)})
 		}
 		out.Documents = d.Configs.Status()
+		if d.NotInForce != nil {
+			markNotInForce(out.Documents, d.NotInForce())
+		}
 	}
 	if d.Mesh != nil {
 		if err := d.Mesh.LastError(); err != nil {
@@ -118,6 +124,23 @@ func configz(d Deps) configzOut {
 	return out
 }
 
+// markNotInForce gives each applied document whose config the registry holds only partly or
+// not at all the registry's status for it, and the reason as the document's error.
+func markNotInForce(docs []filedir.DocStatus, nif map[config.Key]registry.NotInForce) {
+	if len(nif) == 0 {
+		return
+	}
+	for i := range docs {
+		c := docs[i].InForce()
+		if c == nil || docs[i].Status != "applied" {
+			continue
+		}
+		if n, ok := nif[c.Key()]; ok {
+			docs[i].Status, docs[i].Error = n.Status(), n.Reason()
+		}
+	}
+}
+
 // compact re-encodes protojson output, whose whitespace is deliberately unstable.
 func compact(b []byte) json.RawMessage {
 	var v any
@@ -128,16 +151,16 @@ func compact(b []byte) json.RawMessage {
 	return out
 }
 
+// registryService is a service with its endpoints; the model's JSON names are the page's.
 type registryService struct {
 	*model.Service
-	Resolution string            `json:"resolution"`
-	Endpoints  []*model.Endpoint `json:"endpoints"`
+	Endpoints []*model.Endpoint `json:"endpoints"`
 }
 
 func registryz(d Deps) map[string]any {
-	var svcs []registryService
+	svcs := []registryService{}
 	for _, s := range d.Registry.Services() {
-		svcs = append(svcs, registryService{Service: s, Resolution: s.Resolution.String(), Endpoints: d.Registry.Endpoints(s.Hostname)})
+		svcs = append(svcs, registryService{Service: s, Endpoints: d.Registry.Endpoints(s.Hostname)})
 	}
 	out := map[string]any{"services": svcs}
 	if d.Workloads != nil {

@@ -7,9 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,8 +70,9 @@ type Discovery struct {
 	// Modules fetches and caches WasmPlugin modules.
 	Modules *wasmfetch.Fetcher
 
-	grpcLis net.Listener
-	httpLis net.Listener
+	grpcLis   net.Listener
+	httpLis   net.Listener
+	configDir string // absolute
 }
 
 type emptyStore struct{}
@@ -95,13 +100,17 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 	d.AutoReg = registry.NewAutoRegistration(d.Entries, grace, log, d.Metrics)
 	var store server.ConfigStore = emptyStore{}
 	if opts.ConfigDir != "" {
+		if d.configDir, err = checkConfigDir(opts.ConfigDir); err != nil {
+			return nil, err
+		}
 		d.Configs = filedir.New(opts.ConfigDir, log, d.Metrics)
 		if err := d.Configs.Sync(); err != nil {
-			return nil, err
+			return nil, err // it names the directory
 		}
 		store = d.Configs
 		d.Entries.SetConfigs(d.Configs.List())
 	}
+	d.logSources()
 	if store, err = d.extensions(store); err != nil {
 		return nil, err
 	}
@@ -134,6 +143,50 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 		}
 	}
 	return d, nil
+}
+
+// checkConfigDir returns the absolute path of the config directory, or why it is not one:
+// a mesh served from a file or a missing path would be empty without a word.
+func checkConfigDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("configDir %s: %w", dir, err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is named once, below
+		}
+		return "", fmt.Errorf("configDir %s: %w", abs, err)
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("configDir %s: not a directory (give the directory that holds the Istio YAML files)", abs)
+	}
+	return abs, nil
+}
+
+// logSources says what the mesh is served from: the config directory and how much of it
+// was read, and the mesh config.
+func (d *Discovery) logSources() {
+	meshConfig := "Istio defaults"
+	if d.opts.MeshConfigFile != "" {
+		meshConfig, _ = filepath.Abs(d.opts.MeshConfigFile)
+	}
+	if d.Configs == nil {
+		d.log.Warn("no configDir: serving no Istio config, so the mesh has no services; proxies that connect "+
+			"are registered as workloads, but without ServiceEntries (read from configDir) they are endpoints of nothing",
+			"meshConfig", meshConfig)
+		return
+	}
+	rejected := 0
+	for _, st := range d.Configs.Status() {
+		if strings.HasPrefix(st.Status, "rejected") {
+			rejected++
+		}
+	}
+	d.log.Info("serving config", "configDir", d.configDir, "configs", len(d.Configs.List()),
+		"documentsRejected", rejected, "meshConfig", meshConfig)
 }
 
 // GRPCAddr is the bound xDS address.
@@ -179,7 +232,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 		mux := http.NewServeMux()
 		mux.Handle("/", debug.Handler(debug.Deps{
 			Server: d.Server, Configs: d.Configs, Mesh: d.Mesh, Registry: d.Registry, Workloads: d.Entries.Workloads, Gatherer: d.Reg,
-			Extensions: d.extensionStatus,
+			NotInForce: d.Entries.NotInForce, Extensions: d.extensionStatus,
 		}))
 		if d.opts.LogLevels != nil {
 			mux.Handle("/debug/logging", d.opts.LogLevels.Handler())
@@ -202,7 +255,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	d.log.Info("discovery serving", "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "configDir", d.opts.ConfigDir)
+	d.log.Info("discovery serving", "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "configDir", d.configDir)
 	wg.Wait()
 	close(errs)
 	var all []error

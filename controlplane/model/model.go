@@ -88,30 +88,34 @@ func (r Resolution) String() string {
 	return [...]string{"STATIC", "DNS", "DNS_ROUND_ROBIN", "NONE"}[r]
 }
 
+// MarshalText writes the resolution as Istio spells it (debug output).
+func (r Resolution) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
 // Port is one port of a service.
 type Port struct {
-	Name       string
-	Port       uint32
-	TargetPort uint32 // 0: same as Port
-	Protocol   Protocol
+	Name       string   `json:"name"`
+	Port       uint32   `json:"port"`
+	TargetPort uint32   `json:"targetPort"` // 0: same as Port
+	Protocol   Protocol `json:"protocol"`
 }
 
 // Service is one host with its ports, from a ServiceEntry (one per host) or another registry.
+// Its JSON names (and its ports' and endpoints') are those of /debug/registryz.
 type Service struct {
-	Hostname     string
-	Namespace    string
-	Name         string // the ServiceEntry's name
-	Addresses    []string
-	Ports        []Port // sorted by port number
-	Resolution   Resolution
-	MeshExternal bool
-	ExportTo     []string
-	Labels       map[string]string
+	Hostname     string            `json:"hostname"`
+	Namespace    string            `json:"namespace"`
+	Name         string            `json:"name"` // the ServiceEntry's name
+	Addresses    []string          `json:"addresses"`
+	Ports        []Port            `json:"ports"` // sorted by port number
+	Resolution   Resolution        `json:"resolution"`
+	MeshExternal bool              `json:"meshExternal"`
+	ExportTo     []string          `json:"exportTo"`
+	Labels       map[string]string `json:"labels"`
 	// WorkloadSelector picks the workloads (in Namespace) that serve the service; a proxy
 	// it selects gets inbound listeners and clusters for the service's ports.
-	WorkloadSelector map[string]string
+	WorkloadSelector map[string]string `json:"workloadSelector"`
 	// Source names the config or registry that defined the service, for debug output.
-	Source string
+	Source string `json:"source"`
 }
 
 // Port returns the service port with number n.
@@ -138,18 +142,18 @@ func (h Health) String() string { return [...]string{"HEALTHY", "UNHEALTHY", "DR
 
 // Endpoint is one instance of a service port: the address and port traffic is sent to.
 type Endpoint struct {
-	Address        string
-	Port           uint32 // the endpoint's port (target port)
-	ServicePort    uint32 // the service port this endpoint serves
-	Labels         map[string]string
-	Locality       string // region/zone/subzone
-	Network        string
-	ServiceAccount string
-	Weight         uint32
-	Health         Health
+	Address        string            `json:"address"`
+	Port           uint32            `json:"port"`        // the endpoint's port (target port)
+	ServicePort    uint32            `json:"servicePort"` // the service port this endpoint serves
+	Labels         map[string]string `json:"labels"`
+	Locality       string            `json:"locality"` // region/zone/subzone
+	Network        string            `json:"network"`
+	ServiceAccount string            `json:"serviceAccount"`
+	Weight         uint32            `json:"weight"`
+	Health         Health            `json:"health"`
 	// Workload names what the endpoint belongs to ("WorkloadEntry ns/name", "proxy ns/name").
-	Workload  string
-	Namespace string
+	Workload  string `json:"workload"`
+	Namespace string `json:"namespace"`
 }
 
 // SortEndpoints orders endpoints by service port, address and port, so output is stable.

@@ -152,14 +152,14 @@ func ParseNode(node *core.Node) (*Proxy, error) {
 
 // Workload is a running instance that can be an endpoint: an auto-registered proxy.
 type Workload struct {
-	Name           string
-	Namespace      string
-	Labels         map[string]string
-	IPs            []string
-	ServiceAccount string
-	Ports          map[string]uint32 // named ports (POD_PORTS) override service target ports
-	Locality       string
-	Health         Health
+	Name           string            `json:"name"`
+	Namespace      string            `json:"namespace"`
+	Labels         map[string]string `json:"labels"`
+	IPs            []string          `json:"ips"`
+	ServiceAccount string            `json:"serviceAccount"`
+	Ports          map[string]uint32 `json:"ports"` // named ports (POD_PORTS) override service target ports
+	Locality       string            `json:"locality"`
+	Health         Health            `json:"health"`
 }
 
 // Key names the workload in its registry.

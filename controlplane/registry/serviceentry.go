@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	networking "istio.io/api/networking/v1alpha3"
@@ -280,6 +281,62 @@ func (r *ServiceEntries) reown(e *seEntry) {
 		owned = append(owned, s)
 	}
 	e.services = owned
+}
+
+// HostHolder is a host a ServiceEntry defines that another ServiceEntry holds.
+type HostHolder struct {
+	Host   string
+	Holder config.Key // the ServiceEntry in force for Host
+}
+
+// NotInForce says how much of a ServiceEntry is not in force: hosts it defines that a
+// ServiceEntry first by namespace and name defines too (the first wins).
+type NotInForce struct {
+	Hosts []HostHolder // sorted by host
+	// Partly: the entry holds other hosts of its own, so it is partly in force.
+	Partly bool
+}
+
+// Status is the entry's status for /debug/configz: "ignored", or "partly applied".
+func (n NotInForce) Status() string {
+	if n.Partly {
+		return "partly applied"
+	}
+	return "ignored"
+}
+
+// Reason names each host the entry does not hold and the ServiceEntry that does.
+func (n NotInForce) Reason() string {
+	var b strings.Builder
+	for i, h := range n.Hosts {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "host %s is already defined by %s (the first by namespace and name wins)", h.Host, h.Holder)
+	}
+	return b.String()
+}
+
+// NotInForce returns, by key, the ServiceEntries some of whose hosts another ServiceEntry
+// holds.
+func (r *ServiceEntries) NotInForce() map[config.Key]NotInForce {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := map[config.Key]NotInForce{}
+	for k, e := range r.entries {
+		if len(e.services) == len(e.defined) {
+			continue
+		}
+		n := NotInForce{Partly: len(e.services) > 0}
+		for _, s := range e.defined {
+			if ds := r.definers[s.Hostname]; ds[0] != e {
+				n.Hosts = append(n.Hosts, HostHolder{Host: s.Hostname, Holder: ds[0].key})
+			}
+		}
+		slices.SortFunc(n.Hosts, func(a, b HostHolder) int { return strings.Compare(a.Host, b.Host) })
+		out[k] = n
+	}
+	return out
 }
 
 // owned returns the service e owns for host (nil if it does not own it).

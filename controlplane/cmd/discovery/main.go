@@ -20,7 +20,7 @@ import (
 )
 
 func main() {
-	if err := newCommand().Execute(); err != nil {
+	if err := newCommand().ExecuteContext(context.Background()); err != nil {
 		os.Exit(1)
 	}
 }
@@ -105,12 +105,12 @@ PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s).`,
 				opts.WorkloadGracePeriod = flagGrace
 			}
 			opts.LogLevels = levels
-			log := logging.New(os.Stderr, levels)
+			log := logging.New(cmd.ErrOrStderr(), levels)
 			d, err := discovery.New(opts, log)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return d.Run(ctx)
 		},

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -97,3 +100,91 @@ func TestBadEnvironmentIsAnError(t *testing.T) {
 type nopWriter struct{}
 
 func (*nopWriter) Write(b []byte) (int, error) { return len(b), nil }
+
+// TestConfigDirThatIsNotADirectoryIsRefused: a file or a missing path as --configDir would
+// serve an empty mesh without a word; the command refuses it, naming the path and why.
+func TestConfigDirThatIsNotADirectoryIsRefused(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "mesh.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("kind: ServiceEntry\n"), 0o644))
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, tc := range []struct{ name, dir, want string }{
+		{"file", file, "configDir " + file + ": not a directory (give the directory that holds the Istio YAML files)"},
+		{"missing", missing, "configDir " + missing + ": no such file or directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr syncBuffer
+			cmd := newCommand()
+			cmd.SetArgs([]string{"--configDir", tc.dir, "--grpcAddr", "127.0.0.1:0", "--httpAddr", "", "--wasmCacheDir", t.TempDir()})
+			cmd.SetOut(new(nopWriter))
+			cmd.SetErr(&stderr)
+			// Refused, it returns at once; were it not, it would serve until the deadline.
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			err := cmd.ExecuteContext(ctx)
+			require.Error(t, err)
+			assert.Equal(t, tc.want, err.Error())
+			assert.Contains(t, stderr.String(), "Error: "+tc.want)
+		})
+	}
+}
+
+// TestStartLogSaysWhatItServes: the first lines say where the mesh comes from: the config
+// directory (absolute) and how many configs it held, or loudly that there is none.
+func TestStartLogSaysWhatItServes(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: backend, namespace: demo}
+spec: {hosts: [backend.demo.svc.cluster.local], resolution: STATIC, ports: [{number: 9081, name: http}]}
+`), 0o644))
+	// A relative --configDir is reported as the absolute path it is.
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	rel, err := filepath.Rel(wd, dir)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"configDir", []string{"--configDir", rel},
+			`level=INFO msg="serving config" configDir=` + dir + ` configs=1 documentsRejected=0 meshConfig="Istio defaults"`},
+		{"none", nil, `level=WARN msg="no configDir: serving no Istio config, so the mesh has no services;`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr syncBuffer
+			cmd := newCommand()
+			cmd.SetArgs(append(tc.args, "--grpcAddr", "127.0.0.1:0", "--httpAddr", "", "--wasmCacheDir", t.TempDir()))
+			cmd.SetOut(new(nopWriter))
+			cmd.SetErr(&stderr)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- cmd.ExecuteContext(ctx) }()
+			require.Eventually(t, func() bool { return strings.Contains(stderr.String(), `msg="discovery serving"`) },
+				20*time.Second, 10*time.Millisecond, "%s", &stderr)
+			assert.Contains(t, stderr.String(), tc.want)
+			cancel()
+			require.NoError(t, <-done)
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer the command writes to while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -30,13 +30,20 @@ type DocStatus struct {
 	File   string `json:"file"`
 	Doc    int    `json:"document"`
 	Config string `json:"config,omitempty"`
-	Status string `json:"status"` // "applied", "rejected", "rejected (last good kept)"
-	Error  string `json:"error,omitempty"`
+	// "applied", "rejected", "rejected (last good kept)"; /debug/configz also says when an
+	// applied config is not in force ("ignored", "partly applied": registry.NotInForce).
+	Status string `json:"status"`
+	Error  string `json:"error,omitempty"` // why it is not (wholly) in force
 
 	key *config.Key // Config, rendered when the status is read
 	// cfg is what the document put in force: the config applied, or the last good kept.
 	cfg *config.Config
 }
+
+// InForce is the config the document put in force (the one it applied, or the last good
+// version kept for it), nil if none, so that who applies it can say when it is not in force
+// after all.
+func (st DocStatus) InForce() *config.Config { return st.cfg }
 
 // Handler receives the keys of configs that were added, changed or removed.
 type Handler func(changed map[config.Key]struct{})
