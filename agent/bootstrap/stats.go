@@ -74,9 +74,19 @@ var StandardTags = []string{
 	"destination_canonical_revision",
 }
 
-// FilterTags are the tags of the mesh's own filters (filters/quota's descriptor and
-// decision), extracted by default as Istio extracts those of its built-in filters.
-var FilterTags = []string{"descriptor", "decision"}
+// FilterTags are the tags the mesh's own filters encode in their metric names, extracted
+// by default as Istio extracts those of its built-in filters. Envoy cannot extract a tag
+// it has no rule for (a rule's tag_name is fixed, so there is no catch-all for
+// name=.=value;.;), and a tag without one stays in the metric's name on the Prometheus
+// page (metric___istio_requests_total___wasmesh_telemetry_overflow_total), so every tag
+// a filter writes must be here: a filter that adds one adds it here too, and the e2e
+// tests fail on any pod page whose names still hold a tag.
+var FilterTags = []string{
+	"descriptor", // filters/quota: wasmesh_quota_requests_total, wasmesh_quota_fail_open_total
+	"decision",   // filters/quota: wasmesh_quota_requests_total
+	"reason",     // filters/quota: wasmesh_quota_fail_open_total
+	"metric",     // filters/telemetry: wasmesh_telemetry_overflow_total
+}
 
 // tagNamePattern is what a tag name may look like: it becomes a Prometheus label name
 // and part of a regex, so anything else is refused rather than escaped.

@@ -91,4 +91,17 @@ func TestQuota(t *testing.T) {
 		}
 		return shadowDenied >= 5
 	}, 10*time.Second, 100*time.Millisecond, "bob's five requests over the limit are counted as shadow_denied")
+
+	// The filter's counters have clean names, their tags as labels: the fail-open counter,
+	// defined at zero, carries its reason.
+	for _, p := range m.Pods() {
+		if !strings.HasPrefix(p.Spec.Name, "reviews") {
+			continue
+		}
+		ms := requireCleanNames(t, ctx, p)
+		for _, reason := range []string{"cas_exhausted", "store_error"} {
+			assert.Len(t, ms.Series("wasmesh_quota_fail_open_total", map[string]string{"descriptor": "per_user", "reason": reason}), 1,
+				"%s: %v", p.Spec.Name, ms.Series("wasmesh_quota_fail_open_total", nil))
+		}
+	}
 }

@@ -32,9 +32,11 @@ func TestSampleMesh(t *testing.T) {
 	}
 	m, ctx := startMesh(t, cfg)
 	var front *localmesh.Pod
+	var pods []*localmesh.Pod
 	for _, spec := range localmesh.Bookinfo() {
 		p, err := m.AddPod(ctx, spec)
 		require.NoError(t, err)
+		pods = append(pods, p)
 		if spec.Labels["app"] == "productpage" {
 			front = p
 		}
@@ -74,6 +76,10 @@ func TestSampleMesh(t *testing.T) {
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, ms.Sum("istio_requests_total", map[string]string{"reporter": "source",
 		"source_workload": "productpage-v1", "destination_service_name": "reviews", "request_method": "GET"}), 1000.0)
+	// Every pod's page (telemetry on all, quota on ratings) has clean names, tags as labels.
+	for _, p := range pods {
+		requireCleanNames(t, ctx, p)
+	}
 
 	// Edit the sample: all of reviews to v2. The running mesh follows.
 	edited := strings.Replace(strings.Replace(cfg["reviews.yaml"], "weight: 80", "weight: 0", 1), "weight: 20", "weight: 100", 1)

@@ -87,6 +87,16 @@ func TestTelemetry(t *testing.T) {
 	for _, name := range []string{"istio_request_bytes", "istio_response_bytes"} {
 		assert.NotEmpty(t, server.Series(name, dst), name)
 	}
+
+	// Every series on both pages has a clean name: the filter's overflow counter, defined
+	// at zero for each metric, carries the metric it counts for as a label, not in its name.
+	for _, p := range []*localmesh.Pod{front, back} {
+		ms := requireCleanNames(t, ctx, p)
+		for _, metric := range []string{"istio_requests_total", "istio_request_duration_milliseconds", "istio_request_bytes", "istio_response_bytes"} {
+			assert.Len(t, ms.Series("wasmesh_telemetry_overflow_total", map[string]string{"metric": metric}), 1,
+				"%s: the overflow counter of %s: %v", p.Spec.Name, metric, ms.Series("wasmesh_telemetry_overflow_total", nil))
+		}
+	}
 }
 
 func with(m map[string]string, kv ...string) map[string]string {
