@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasmesh/wasmesh/wasm/host"
 	"github.com/wasmesh/wasmesh/wasm/wasmbuild"
 )
 
@@ -130,4 +131,46 @@ func TestMissingWasm(t *testing.T) {
 	require.Error(t, res.Err)
 	assert.Contains(t, res.Err.Error(), filepath.Join(dir, "gone.wasm"))
 	assert.False(t, res.Passed())
+}
+
+// A case that fails because the filter failed says so first, with the callback, the trap
+// and what the guest wrote to stderr, without -v.
+func TestFilterFailureIsReported(t *testing.T) {
+	s := loadKitchen(t)
+	s.Cases = []Case{
+		{Name: "panics", Request: Request{Headers: map[string]string{"x-op": "panic"}}, Expect: Expect{Status: 200}},
+		{Name: "expected trap", Request: Request{Headers: map[string]string{"x-op": "trap"}}, Expect: Expect{Status: 503}},
+	}
+	res := Run(context.Background(), nil, s)
+	require.NoError(t, res.Err)
+	require.Len(t, res.Cases, 2)
+	problems := res.Cases[0].Problems
+	require.Len(t, problems, 2)
+	assert.True(t, strings.HasPrefix(problems[0],
+		"the filter trapped in proxy_on_request_headers (instance 0): wasm error: unreachable\nwasm stack trace:\n"), problems[0])
+	assert.Contains(t, problems[0], "\nguest stderr:\n\tpanic: guest panic on purpose\n\n\tgoroutine 1 [running]:\n")
+	assert.Equal(t, "status: got 503, want 200", problems[1])
+	assert.True(t, res.Cases[1].Passed(), "a failure the case expects is no problem")
+
+	var out bytes.Buffer
+	res.Write(&out, false)
+	assert.Contains(t, out.String(), "FAIL scenario: panics\n"+
+		"    the filter trapped in proxy_on_request_headers (instance 0): wasm error: unreachable\n"+
+		"        wasm stack trace:\n")
+	assert.Contains(t, out.String(), "        guest stderr:\n        \tpanic: guest panic on purpose\n\n        \tgoroutine 1 [running]:\n")
+	assert.Contains(t, out.String(), "    status: got 503, want 200\nPASS scenario: expected trap\n")
+}
+
+// A file that is not WebAssembly is named by the path the scenario gives, not a digest.
+func TestNotWasmIsNamedByItsPath(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "filter.wasm"), []byte("version https://git-lfs.github.com/spec/v1\n"), 0o644))
+	f := filepath.Join(dir, "s.yaml")
+	require.NoError(t, os.WriteFile(f, []byte("wasm: filter.wasm\ncases: [{name: a}]\n"), 0o644))
+	res := RunFile(context.Background(), nil, f)
+	require.Error(t, res.Err)
+	assert.Equal(t, "harness: wasm module "+filepath.Join(dir, "filter.wasm")+
+		`: compile: not a WebAssembly binary: it starts with "vers", not "\x00asm"`, res.Err.Error())
+	var ce *host.CompileError
+	assert.ErrorAs(t, res.Err, &ce)
 }

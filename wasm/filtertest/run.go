@@ -99,7 +99,11 @@ func Run(ctx context.Context, rt *host.Runtime, s *Scenario) *Result {
 			cr.Problems = []string{err.Error()}
 		} else {
 			cr.Report = rep
-			cr.Problems = c.Expect.check(rep)
+			if cr.Problems = c.Expect.check(rep); len(cr.Problems) > 0 {
+				// The filter's own failure is the likely cause of the mismatches (a 503, a
+				// missing header): say so first, without the -v details.
+				cr.Problems = append(failures(rep.Failures), cr.Problems...)
+			}
 		}
 		res.Cases = append(res.Cases, cr)
 	}
@@ -109,8 +113,9 @@ func Run(ctx context.Context, rt *host.Runtime, s *Scenario) *Result {
 func (s *Scenario) options(wasm []byte, rt *host.Runtime) harness.Options {
 	p := s.Plugin
 	opts := harness.Options{
-		Wasm:    wasm,
-		Runtime: rt,
+		Wasm:     wasm,
+		WasmName: s.WasmPath(),
+		Runtime:  rt,
 		Plugin: host.PluginConfig{Name: p.Name, RootID: p.RootID, VMID: p.VMID,
 			Configuration: configBytes(p.Configuration), VMConfig: configBytes(p.VMConfiguration),
 			FailOpen: p.FailOpen, Instances: p.Instances,
@@ -222,6 +227,38 @@ func (e Expect) check(rep *harness.Report) []string {
 	return out
 }
 
+// failures describes how the filter failed during a case: what it did, in which callback,
+// the runtime's error and what the guest wrote to stderr.
+func failures(fs []*host.Failure) []string {
+	out := make([]string, 0, len(fs))
+	for _, f := range fs {
+		where := ""
+		if f.Callback != "" {
+			where = " in " + f.Callback
+		}
+		out = append(out, fmt.Sprintf("the filter %s%s (instance %d): %s", failureVerb(f.Kind), where, f.Instance, f.Reason()))
+	}
+	return out
+}
+
+func failureVerb(k host.FailureKind) string {
+	switch k {
+	case host.FailureTrap:
+		return "trapped"
+	case host.FailureTimeout:
+		return "ran past its callback timeout"
+	case host.FailureMemory:
+		return "hit its memory limit"
+	case host.FailureExit:
+		return "exited"
+	case host.FailureBadReturn:
+		return "returned false"
+	case host.FailureUnavailable:
+		return "had no healthy instance"
+	}
+	return "failed (" + string(k) + ")"
+}
+
 func checkHeaders(field string, want map[string]*string, lookup func(string) (string, bool), bad func(string, ...any)) {
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		got, ok := lookup(name)
@@ -236,11 +273,12 @@ func checkHeaders(field string, want map[string]*string, lookup func(string) (st
 	}
 }
 
-// Write prints the result: a line per case, the problems of failed ones, and with verbose
-// the log lines and metrics of every case.
+// Write prints the result: a line per case, the problems of failed ones (which include the
+// filter's failures), and with verbose the log lines of every case and the failures of
+// passed ones.
 func (r *Result) Write(w io.Writer, verbose bool) {
 	if r.Err != nil {
-		fmt.Fprintf(w, "ERROR %s: %v\n", r.Scenario, r.Err)
+		fmt.Fprintf(w, "ERROR %s: %s\n", r.Scenario, indent(r.Err.Error(), "    "))
 		return
 	}
 	cases := r.Cases
@@ -257,18 +295,36 @@ func (r *Result) Write(w io.Writer, verbose bool) {
 		}
 		fmt.Fprintf(w, "%s %s: %s\n", verdict, r.Scenario, c.Name)
 		for _, p := range c.Problems {
-			fmt.Fprintf(w, "    %s\n", p)
+			fmt.Fprintf(w, "    %s\n", indent(p, "        "))
 		}
 		if verbose && c.Report != nil {
 			for _, l := range c.Report.Logs {
 				fmt.Fprintf(w, "    log %s: %s\n", l.Level, l.Message)
 			}
-			for _, f := range c.Report.Failures {
-				fmt.Fprintf(w, "    failure: %v\n", f)
+			if c.Passed() {
+				for _, f := range c.Report.Failures {
+					fmt.Fprintf(w, "    failure: %s\n", indent(f.Error(), "        "))
+				}
 			}
 		}
 	}
 	fmt.Fprintf(w, "%s: %d of %d passed\n", r.Scenario, passed, len(cases))
+}
+
+// indent puts the continuation lines of a multi-line message (a wasm stack trace, the
+// guest's stderr) under the line that starts it, each prefixed with by.
+func indent(msg, by string) string {
+	var b strings.Builder
+	for i, line := range strings.Split(msg, "\n") {
+		if i > 0 {
+			b.WriteByte('\n')
+			if line != "" {
+				b.WriteString(by)
+			}
+		}
+		b.WriteString(line)
+	}
+	return b.String()
 }
 
 func pairs(m map[string]string) [][2]string {

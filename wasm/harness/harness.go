@@ -33,6 +33,9 @@ const DefaultMaxWait = 5 * time.Minute
 type Options struct {
 	// Wasm is the module to load.
 	Wasm []byte
+	// WasmName names the module in errors, such as the file it was read from; empty names
+	// it by its digest.
+	WasmName string
 	// Runtime, if set, is used (and not closed) instead of a private one, so several
 	// harnesses can share compiled modules, shared data and queues.
 	Runtime *host.Runtime
@@ -162,6 +165,9 @@ func New(ctx context.Context, opts Options) (*Harness, error) {
 	mod, err := h.rt.Compile(ctx, opts.Wasm)
 	if err != nil {
 		h.closeRuntime(ctx)
+		if ce := (*host.CompileError)(nil); opts.WasmName != "" && errors.As(err, &ce) {
+			err = ce.Named(opts.WasmName)
+		}
 		return nil, fmt.Errorf("harness: %w", err)
 	}
 	cfg := opts.Plugin

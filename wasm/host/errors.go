@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Errors the embedder can test for with errors.Is.
@@ -52,10 +53,31 @@ type Failure struct {
 	Instance int
 	// Err is the underlying error from the runtime.
 	Err error
+	// Stderr is what the guest wrote to stderr (fd 2) during the failed callback, at most
+	// its first 1 KiB and last 3 KiB: where Go and Rust guests print a panic's message and
+	// stack before they trap, which the trap itself ("unreachable") does not tell.
+	Stderr string
 }
 
 func (f *Failure) Error() string {
-	return fmt.Sprintf("plugin %q instance %d: %s failed (%s): %v", f.Plugin, f.Instance, f.Callback, f.Kind, f.Err)
+	return fmt.Sprintf("plugin %q instance %d: %s failed (%s): %s", f.Plugin, f.Instance, f.Callback, f.Kind, f.Reason())
+}
+
+// Reason is what went wrong: the runtime's error followed, when the guest wrote to stderr
+// during the callback, by that output, one indented line per line.
+func (f *Failure) Reason() string {
+	var b strings.Builder
+	fmt.Fprint(&b, f.Err)
+	if out := strings.TrimRight(f.Stderr, "\n"); out != "" {
+		b.WriteString("\nguest stderr:")
+		for line := range strings.SplitSeq(out, "\n") {
+			b.WriteString("\n")
+			if line != "" {
+				b.WriteString("\t" + line)
+			}
+		}
+	}
+	return b.String()
 }
 
 func (f *Failure) Unwrap() error { return f.Err }
@@ -72,7 +94,36 @@ func (f *Failure) MarshalJSON() ([]byte, error) {
 		Callback string      `json:"callback"`
 		Instance int         `json:"instance"`
 		Error    string      `json:"error"`
-	}{f.Kind, f.Plugin, f.Callback, f.Instance, msg})
+		Stderr   string      `json:"stderr,omitempty"`
+	}{f.Kind, f.Plugin, f.Callback, f.Instance, msg, f.Stderr})
+}
+
+// CompileError is a module the runtime cannot load: not WebAssembly, or not a proxy-wasm
+// module the host can run.
+type CompileError struct {
+	// Name names the module for people, such as the file it was read from; empty names it
+	// by its digest, all the runtime knows of it.
+	Name string
+	// SHA256 is the hex digest of the module bytes.
+	SHA256 string
+	Err    error
+}
+
+func (e *CompileError) Error() string {
+	if e.Name != "" {
+		return fmt.Sprintf("wasm module %s: %v", e.Name, e.Err)
+	}
+	return fmt.Sprintf("wasm module %.12s: %v", e.SHA256, e.Err)
+}
+
+func (e *CompileError) Unwrap() error { return e.Err }
+
+// Named returns a copy of e named name, for an embedder that knows where the module came
+// from (e is shared with every caller that compiled the same bytes at once).
+func (e *CompileError) Named(name string) *CompileError {
+	c := *e
+	c.Name = name
+	return &c
 }
 
 // procExit is the panic value the host's proc_exit raises to unwind the guest without

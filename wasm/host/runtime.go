@@ -184,8 +184,12 @@ func (m *Module) Exports() []string {
 	return out
 }
 
+// wasmMagic starts every WebAssembly binary.
+const wasmMagic = "\x00asm"
+
 // Compile validates and compiles a module, or returns the cached Module for bytes seen
-// before. Concurrent calls with the same bytes compile once.
+// before. Concurrent calls with the same bytes compile once. A module that cannot be loaded
+// is a *CompileError.
 func (r *Runtime) Compile(ctx context.Context, wasm []byte) (*Module, error) {
 	if r.closed.Load() {
 		return nil, ErrClosed
@@ -219,6 +223,11 @@ func (r *Runtime) Compile(ctx context.Context, wasm []byte) (*Module, error) {
 
 func (r *Runtime) compile(ctx context.Context, wasm []byte, sum [32]byte) (*Module, error) {
 	sha := hex.EncodeToString(sum[:])
+	if head := wasm[:min(len(wasm), len(wasmMagic))]; string(head) != wasmMagic {
+		// Said before instrumenting, which would only warn about the same bytes.
+		return nil, &CompileError{SHA256: sha, Err: fmt.Errorf("compile: not a WebAssembly binary: it starts with %q, not %q",
+			head, wasmMagic)}
+	}
 	wz, code, interruptible := r.wz, wasm, false
 	if r.instrument {
 		if ins, err := interrupt.Instrument(wasm); err == nil {
@@ -239,13 +248,13 @@ func (r *Runtime) compile(ctx context.Context, wasm []byte, sum [32]byte) (*Modu
 	}
 	compiled, err := wz.CompileModule(ctx, code)
 	if err != nil {
-		return nil, fmt.Errorf("wasm module %.12s: compile: %w", sha, err)
+		return nil, &CompileError{SHA256: sha, Err: fmt.Errorf("compile: %w", err)}
 	}
 	r.compiles.Add(1)
 	m := &Module{compiled: compiled, wz: wz, interruptible: interruptible, sha: sha, exports: compiled.ExportedFunctions()}
 	if err := m.validate(); err != nil {
 		_ = compiled.Close(ctx)
-		return nil, fmt.Errorf("wasm module %.12s: %w", sha, err)
+		return nil, &CompileError{SHA256: sha, Err: err}
 	}
 	return m, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -59,6 +60,9 @@ type vm struct {
 	// lastError is the last error-level line the guest logged, quoted when a start-up
 	// callback returns false (Envoy logs it just before "Unable to configure").
 	lastError string
+	// stderr keeps what the guest wrote to fd 2 during the outermost callback, quoted in
+	// its Failure.
+	stderr outputCapture
 }
 
 // guestContext is a context id known to the guest: the root context or a stream.
@@ -135,7 +139,7 @@ func (in *instance) startVM() (*vm, error) {
 		WithName("").
 		WithStartFunctions().
 		WithStdout(stdout).
-		WithStderr(stderr).
+		WithStderr(io.MultiWriter(stderr, &v.stderr)).
 		WithRandSource(p.env.Rand).
 		WithWalltime(func() (int64, int32) {
 			t := clock.Now()
@@ -173,7 +177,7 @@ func (in *instance) startVM() (*vm, error) {
 				}
 				return nil, &startError{msg: msg, err: f}
 			}
-			return nil, &startError{msg: fmt.Sprintf("plugin %q: %s: %s: %v", p.cfg.Name, phase, f.Kind, f.Err), err: f}
+			return nil, &startError{msg: fmt.Sprintf("plugin %q: %s: %s: %s", p.cfg.Name, phase, f.Kind, f.Reason()), err: f}
 		}
 		return nil, fmt.Errorf("plugin %q: %s: %w", p.cfg.Name, phase, err)
 	}
@@ -306,6 +310,9 @@ func (v *vm) call(vc *vmCall, name string, args ...uint64) (ret uint64, exported
 	if v.dead != nil {
 		return 0, true, v.dead
 	}
+	if v.w.depth == 0 {
+		v.stderr.reset()
+	}
 	if v.w.ctx.Err() != nil {
 		// Stopped (deadline, plugin closing) between callbacks: as wazero does for a
 		// context already done, do not enter the guest.
@@ -409,7 +416,8 @@ func (v *vm) release(vc *vmCall) {
 
 // classify turns a runtime error into a Failure.
 func (v *vm) classify(name string, err error) *Failure {
-	f := &Failure{Kind: FailureTrap, Plugin: v.p.cfg.Name, Callback: name, Instance: v.in.idx, Err: err}
+	f := &Failure{Kind: FailureTrap, Plugin: v.p.cfg.Name, Callback: name, Instance: v.in.idx, Err: err,
+		Stderr: v.stderr.String()}
 	var exit *sys.ExitError
 	var pe *procExit
 	switch {
