@@ -10,16 +10,19 @@ package localmesh
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"text/template"
 	"time"
@@ -248,7 +251,7 @@ func (m *Mesh) RemoveConfig(name string) error {
 // StartDiscovery starts discovery (again, after StopDiscovery) and waits until it is ready.
 func (m *Mesh) StartDiscovery(ctx context.Context) error {
 	env := append([]string{"PILOT_DEBOUNCE_AFTER=100ms"}, m.opts.DiscoveryEnv...)
-	p, err := startProcess("discovery", filepath.Join(m.opts.Dir, "logs"), filepath.Join(m.opts.BinDir, "discovery"),
+	p, err := m.startProcess("discovery", filepath.Join(m.opts.Dir, "logs"), filepath.Join(m.opts.BinDir, "discovery"),
 		[]string{"--configDir", m.configDir, "--grpcAddr", m.grpcAddr, "--httpAddr", m.httpAddr,
 			"--workloadEntryGracePeriod", "3s", "--wasmCacheDir", filepath.Join(m.opts.Dir, "wasm-cache")}, env)
 	if err != nil {
@@ -283,16 +286,20 @@ func (m *Mesh) Pods() []*Pod {
 }
 
 // Close stops every pod and discovery, leaving no process behind, and removes the mesh's
-// directory if Start made it.
+// directory if Start made it. Pods stop callers first (stopOrder): a pod gets its SIGTERM
+// once every pod that calls it has exited, so a client outside the mesh gets from the front
+// end an answer or a refused connection, never a 5xx from a callee that left first.
 func (m *Mesh) Close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var wg sync.WaitGroup
-	for _, p := range m.Pods() {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = p.Stop(ctx) }()
+	for _, wave := range stopOrder(m.Pods()) {
+		var wg sync.WaitGroup
+		for _, p := range wave {
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = p.Stop(ctx) }()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	_ = m.StopDiscovery(ctx)
 	if m.netClaim != nil {
 		_ = m.netClaim.Close()
@@ -300,6 +307,59 @@ func (m *Mesh) Close() {
 	if m.ownDir && os.Getenv("WASMESH_KEEP_MESH_DIR") == "" {
 		_ = os.RemoveAll(m.opts.Dir)
 	}
+}
+
+// stopOrder puts pods in waves to stop one after the other: a wave holds the pods that no
+// pod of a later wave calls (PodSpec.Calls and StartupCall, by service name and namespace).
+// Pods that call each other round a cycle stop together.
+func stopOrder(pods []*Pod) [][]*Pod {
+	left := append([]*Pod(nil), pods...)
+	var waves [][]*Pod
+	for len(left) > 0 {
+		var wave, rest []*Pod
+		for _, p := range left {
+			if calledByAnother(p, left) {
+				rest = append(rest, p)
+			} else {
+				wave = append(wave, p)
+			}
+		}
+		if len(wave) == 0 { // a cycle: stop what is left at once
+			wave, rest = left, nil
+		}
+		waves = append(waves, wave)
+		left = rest
+	}
+	return waves
+}
+
+func calledByAnother(p *Pod, pods []*Pod) bool {
+	for _, caller := range pods {
+		if caller != p && caller.calls(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// calls reports whether p's application calls a service that callee serves: a call's host
+// <service>[.<namespace>[...]] names the app label and namespace of the pods behind it.
+func (p *Pod) calls(callee *Pod) bool {
+	for _, raw := range append(append([]string(nil), p.Spec.Calls...), p.Spec.StartupCall) {
+		u, err := url.Parse(raw)
+		if raw == "" || err != nil {
+			continue
+		}
+		labels := strings.Split(u.Hostname(), ".")
+		ns := p.Spec.Namespace
+		if len(labels) > 1 {
+			ns = labels[1]
+		}
+		if labels[0] == callee.Spec.Labels["app"] && ns == callee.Spec.Namespace {
+			return true
+		}
+	}
+	return false
 }
 
 func httpOK(url string) error {
@@ -322,4 +382,36 @@ func freePort(ip string) (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ConfigProblem is a config document discovery does not hold wholly in force, as
+// /debug/configz reports it: rejected (with or without a last good version kept), ignored
+// or partly applied, with the file, the document's position and why.
+type ConfigProblem struct {
+	File     string `json:"file"`
+	Document int    `json:"document"`
+	Config   string `json:"config"`
+	Status   string `json:"status"`
+	Error    string `json:"error"`
+}
+
+// ConfigProblems reads discovery's /debug/configz for the documents not wholly in force.
+func (m *Mesh) ConfigProblems(ctx context.Context) ([]ConfigProblem, error) {
+	b, err := get(ctx, m.DiscoveryURL("/debug/configz"))
+	if err != nil {
+		return nil, err
+	}
+	var page struct {
+		Documents []ConfigProblem `json:"documents"`
+	}
+	if err := json.Unmarshal(b, &page); err != nil {
+		return nil, fmt.Errorf("discovery /debug/configz: %w", err)
+	}
+	var out []ConfigProblem
+	for _, d := range page.Documents {
+		if d.Status != "applied" {
+			out = append(out, d)
+		}
+	}
+	return out, nil
 }

@@ -138,7 +138,7 @@ func (m *Mesh) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if spec.HoldApplicationUntilProxyStarts {
 		// The injector's postStart hook: the application container starts only once
 		// `agent wait` has seen the proxy ready.
-		wait, err := startProcess(spec.Name+".wait", p.logDir(), filepath.Join(m.opts.BinDir, "agent"),
+		wait, err := m.startProcess(spec.Name+".wait", p.logDir(), filepath.Join(m.opts.BinDir, "agent"),
 			[]string{"wait", "--url", p.readyURL(), "--timeoutSeconds", "60", "--periodMillis", "100"}, nil)
 		if err != nil {
 			return nil, err
@@ -324,7 +324,7 @@ func (p *Pod) startAgent(n int) error {
 		"PROXY_CONFIG=" + fmt.Sprintf(`{"terminationDrainDuration": %q}`, p.Spec.TerminationDrainDuration.String()),
 	}
 	env = append(env, p.Spec.Env...)
-	agent, err := startProcess("agent", p.logDir(), filepath.Join(m.opts.BinDir, "agent"), []string{
+	agent, err := m.startProcess("agent", p.logDir(), filepath.Join(m.opts.BinDir, "agent"), []string{
 		"proxy", "sidecar",
 		"--binaryPath", m.proxyBin,
 		"--configPath", filepath.Join(p.Dir, "proxy"),
@@ -361,7 +361,7 @@ func (p *Pod) startApp() error {
 	if p.Spec.Delay > 0 {
 		args = append(args, "--delay", p.Spec.Delay.String())
 	}
-	app, err := startProcess("app", p.logDir(), filepath.Join(p.mesh.opts.BinDir, "echo"), args, nil)
+	app, err := p.mesh.startProcess("app", p.logDir(), filepath.Join(p.mesh.opts.BinDir, "echo"), args, nil)
 	if err != nil {
 		return err
 	}

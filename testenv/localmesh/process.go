@@ -23,8 +23,14 @@ type Process struct {
 	err     error
 }
 
-// startProcess runs bin with args and env (added to a minimal environment).
-func startProcess(name, logDir, bin string, args, env []string) (*Process, error) {
+// EnvMeshDir is set in the environment of every process a mesh starts (and so of what they
+// start, the agents' proxies): its value is the mesh's directory, which tells the mesh's
+// processes from any other.
+const EnvMeshDir = "WASMESH_MESH_DIR"
+
+// startProcess runs bin with args and env (added to a minimal environment that names the
+// mesh).
+func (m *Mesh) startProcess(name, logDir, bin string, args, env []string) (*Process, error) {
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -34,7 +40,7 @@ func startProcess(name, logDir, bin string, args, env []string) (*Process, error
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), EnvMeshDir + "=" + m.opts.Dir}, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -61,6 +61,9 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 	begin := time.Now()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// A closed output (`make run | tee run.log`, tee gone at Ctrl-C) must not kill meshrun
+	// before it has drained and stopped the mesh: writes fail instead.
+	signal.Ignore(syscall.SIGPIPE)
 	for _, p := range []*string{&opts.Dir, &opts.BinDir, &opts.WasmDir, &opts.ConfigDir} {
 		abs, err := filepath.Abs(*p)
 		if err != nil {
@@ -73,6 +76,8 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 	}
 	opts.Logf = func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) }
 	fmt.Fprintf(out, "starting the local mesh (proxy: %s)\n", or(opts.Proxy, "meshproxy"))
+	fmt.Fprintf(out, "logs: %s (discovery), %s (each pod's agent, proxy and app)\n",
+		filepath.Join(opts.Dir, "logs"), filepath.Join(opts.Dir, "pods", "<pod>", "logs"))
 	m, err := localmesh.Start(ctx, opts)
 	if err != nil {
 		return err
@@ -124,6 +129,9 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 			fmt.Fprintf(out, "\nload: %s\n", res.String())
 			return nil
 		case <-t.C:
+		}
+		if ctx.Err() != nil { // both were ready: stopping goes first
+			continue
 		}
 		cur := load.Snapshot()
 		printSummary(ctx, out, m, prev, cur)
@@ -205,5 +213,25 @@ func printSummary(ctx context.Context, out io.Writer, m *localmesh.Mesh, prev, c
 			break
 		}
 		fmt.Fprintf(out, "  %8.0f  istio_requests_total%s\n", r.value, strings.TrimSpace(r.key))
+	}
+	printConfigProblems(ctx, out, m)
+}
+
+// printConfigProblems lists the config documents discovery does not hold in force, with
+// file, document and why, where the user is looking while editing the config directory.
+func printConfigProblems(ctx context.Context, out io.Writer, m *localmesh.Mesh) {
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	problems, err := m.ConfigProblems(cctx)
+	if err != nil {
+		fmt.Fprintf(out, "  config: cannot read discovery's /debug/configz: %v\n", err)
+		return
+	}
+	for _, p := range problems {
+		what := ""
+		if p.Config != "" {
+			what = " (" + p.Config + ")"
+		}
+		fmt.Fprintf(out, "  config %s: %s document %d%s: %s\n", p.Status, filepath.Join(m.ConfigDir(), p.File), p.Document, what, p.Error)
 	}
 }

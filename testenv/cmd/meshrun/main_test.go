@@ -2,10 +2,15 @@ package main
 
 import (
 	"bufio"
+	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -13,71 +18,232 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasmesh/wasmesh/testenv/localmesh"
 	"github.com/wasmesh/wasmesh/testenv/localmesh/meshtest"
 )
 
-// `make run` end to end: meshrun starts the sample mesh and reports the first successful
-// request; Ctrl-C stops it with no failed request and no process left behind.
-func TestMeshrunStartsAndStopsCleanly(t *testing.T) {
+// meshrunProcess is bin/meshrun running the sample mesh, its output read line by line.
+type meshrunProcess struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	dir   string
+	out   io.ReadCloser
+	lines chan string
+	all   strings.Builder
+}
+
+func startMeshrun(t *testing.T) *meshrunProcess {
 	bin, wasmDir := meshtest.Binaries(t)
 	if _, err := os.Stat(filepath.Join(bin, "meshrun")); err != nil {
 		t.Fatalf("meshrun missing in %s beside the other binaries: %v", bin, err)
 	}
-	root := meshtest.Root()
-	dir := t.TempDir()
-	cmd := exec.Command(filepath.Join(bin, "meshrun"), "--dir", dir, "--bin", bin, "--wasm", wasmDir,
-		"--config", filepath.Join(root, "testenv", "samples", "bookinfo"), "--interval", "500ms", "--rate", "50")
-	out, err := cmd.StdoutPipe()
+	m := &meshrunProcess{t: t, dir: t.TempDir(), lines: make(chan string, 1000)}
+	m.cmd = exec.Command(filepath.Join(bin, "meshrun"), "--dir", m.dir, "--bin", bin, "--wasm", wasmDir,
+		"--config", filepath.Join(meshtest.Root(), "testenv", "samples", "bookinfo"), "--interval", "500ms", "--rate", "50")
+	out, err := m.cmd.StdoutPipe()
 	require.NoError(t, err)
-	cmd.Stderr = cmd.Stdout
-	require.NoError(t, cmd.Start())
-	defer cmd.Process.Kill()
-
-	lines := make(chan string, 1000)
+	m.out = out
+	m.cmd.Stderr = m.cmd.Stdout
+	require.NoError(t, m.cmd.Start())
+	t.Cleanup(func() {
+		_ = m.cmd.Process.Kill()
+		m.noProcessLeft(10 * time.Second)
+		if t.Failed() {
+			m.logTails()
+		}
+	})
 	go func() {
 		s := bufio.NewScanner(out)
 		for s.Scan() {
-			lines <- s.Text()
+			m.lines <- s.Text()
 		}
-		close(lines)
+		close(m.lines)
 	}()
-	var all strings.Builder
-	wait := func(substr string) {
-		t.Helper()
-		deadline := time.After(2 * time.Minute)
-		for {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("meshrun ended before %q:\n%s", substr, all.String())
-				}
-				all.WriteString(l + "\n")
-				if strings.Contains(l, substr) {
-					return
-				}
-			case <-deadline:
-				t.Fatalf("no %q from meshrun:\n%s", substr, all.String())
+	return m
+}
+
+// wait reads output until a line matches substr and returns that line.
+func (m *meshrunProcess) wait(substr string) string {
+	m.t.Helper()
+	deadline := time.After(2 * time.Minute)
+	for {
+		select {
+		case l, ok := <-m.lines:
+			if !ok {
+				m.t.Fatalf("meshrun ended before %q:\n%s", substr, m.all.String())
+			}
+			m.all.WriteString(l + "\n")
+			if strings.Contains(l, substr) {
+				return l
+			}
+		case <-deadline:
+			m.t.Fatalf("no %q from meshrun:\n%s", substr, m.all.String())
+		}
+	}
+}
+
+// noProcessLeft waits up to d until no process carries this mesh's directory in its
+// environment (every process the mesh starts does, and so do the proxies its agents start),
+// and fails naming those that remain.
+func (m *meshrunProcess) noProcessLeft(d time.Duration) {
+	m.t.Helper()
+	marker := []byte(localmesh.EnvMeshDir + "=" + m.dir + "\x00")
+	var left []string
+	deadline := time.Now().Add(d)
+	for {
+		left = left[:0]
+		envs, _ := filepath.Glob("/proc/[0-9]*/environ")
+		for _, p := range envs {
+			b, err := os.ReadFile(p)
+			if err != nil || !strings.Contains(string(b), string(marker)) {
+				continue
+			}
+			cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
+			if len(cmdline) > 0 { // a zombie has an empty command line: it is gone
+				left = append(left, filepath.Dir(p)+": "+strings.ReplaceAll(string(cmdline), "\x00", " "))
 			}
 		}
-	}
-	wait("the mesh is up")
-	wait("istio_requests_total{") // the live summary shows the telemetry filter's series
-	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
-	wait("stopped;")
-	for l := range lines {
-		all.WriteString(l + "\n")
-	}
-	require.NoError(t, cmd.Wait(), all.String())
-	t.Log(all.String())
-	assert.Contains(t, all.String(), "failed 0,")
-
-	// Nothing started for this mesh is still running.
-	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
-	require.NoError(t, err)
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err == nil && strings.Contains(string(b), dir) {
-			t.Errorf("left behind: %s", strings.ReplaceAll(string(b), "\x00", " "))
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
+	for _, l := range left {
+		m.t.Errorf("left behind: %s", l)
+	}
+}
+
+// logTails logs the end of every log file the mesh wrote, for a failed test.
+func (m *meshrunProcess) logTails() {
+	_ = filepath.WalkDir(m.dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".log") {
+			return nil
+		}
+		b, _ := os.ReadFile(path)
+		if len(b) > 3000 {
+			b = b[len(b)-3000:]
+		}
+		m.t.Logf("--- %s\n%s", path, b)
+		return nil
+	})
+}
+
+// outsideClient calls url the way a curl loop does (a new connection per request) until
+// stop is closed, counting what it gets.
+type outsideClient struct {
+	mu                 sync.Mutex
+	ok, refused, other int
+	okAfterSignal      int
+	signalled          bool
+	otherAnswers       []string
+}
+
+func (c *outsideClient) run(url string, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		resp, err := client.Get(url)
+		c.mu.Lock()
+		switch {
+		case err != nil && errors.Is(err, syscall.ECONNREFUSED):
+			c.refused++
+		case err != nil:
+			c.other++
+			c.otherAnswers = appendFew(c.otherAnswers, err.Error())
+		case resp.StatusCode == http.StatusOK:
+			c.ok++
+			if c.signalled {
+				c.okAfterSignal++
+			}
+		default:
+			c.other++
+			c.otherAnswers = appendFew(c.otherAnswers, resp.Status)
+		}
+		c.mu.Unlock()
+		if resp != nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		time.Sleep(20 * time.Millisecond) // about what a shell loop of curl manages
+	}
+}
+
+// appendFew keeps the first five answers, enough to say what went wrong.
+func appendFew(s []string, v string) []string {
+	if len(s) < 5 {
+		s = append(s, v)
+	}
+	return s
+}
+
+// `make run` end to end: meshrun prints where its logs are, starts the sample mesh, reports
+// the first successful request and a rejected config file by name; Ctrl-C stops it with no
+// failed request, inside or from a client outside the mesh, and no process left behind.
+func TestMeshrunStartsAndStopsCleanly(t *testing.T) {
+	m := startMeshrun(t)
+	logs := m.wait("logs: ")
+	assert.Contains(t, logs, filepath.Join(m.dir, "logs"), "the log directory is printed at start")
+	m.wait("the mesh is up")
+	front := regexp.MustCompile(`curl (http://\S+)`).FindStringSubmatch(m.wait("front end:"))
+	require.Len(t, front, 2)
+	m.wait("istio_requests_total{") // the live summary shows the telemetry filter's series
+
+	// A broken file in the config directory shows in the live summary, named.
+	require.NoError(t, os.WriteFile(filepath.Join(m.dir, "config", "broken.yaml"),
+		[]byte("apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: broken}\nspec: {hosts: [reviews], http: [{route: [{destination: {host: reviews}, weight: -5}]}]}\n"), 0o644))
+	problem := m.wait("broken.yaml")
+	assert.Contains(t, problem, "rejected")
+	assert.Contains(t, problem, "weight", "the field is named")
+
+	client := &outsideClient{}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go client.run(front[1], stop, done)
+	defer func() { close(stop); <-done }()
+	require.Eventually(t, func() bool { client.mu.Lock(); defer client.mu.Unlock(); return client.ok > 0 }, 10*time.Second, 10*time.Millisecond)
+
+	client.mu.Lock()
+	client.signalled = true
+	client.mu.Unlock()
+	require.NoError(t, m.cmd.Process.Signal(syscall.SIGINT))
+	m.wait("stopped;")
+	for l := range m.lines {
+		m.all.WriteString(l + "\n")
+	}
+	require.NoError(t, m.cmd.Wait(), m.all.String())
+	t.Log(m.all.String())
+	assert.Contains(t, m.all.String(), "failed 0,")
+
+	client.mu.Lock()
+	t.Logf("outside client: %d ok (%d after Ctrl-C), %d refused, %d other", client.ok, client.okAfterSignal, client.refused, client.other)
+	assert.Zero(t, client.other, "an outside client gets an answer or a refused connection, never %v", client.otherAnswers)
+	assert.Positive(t, client.okAfterSignal, "the front end serves while it drains")
+	client.mu.Unlock()
+	m.noProcessLeft(0)
+}
+
+// `make run 2>&1 | tee run.log`, then Ctrl-C: tee goes first and meshrun's output is
+// closed; it still drains every pod and stops, and nothing of the mesh is left.
+func TestMeshrunSurvivesAClosedOutput(t *testing.T) {
+	m := startMeshrun(t)
+	m.wait("the mesh is up")
+	require.NoError(t, m.out.Close())
+	require.NoError(t, m.cmd.Process.Signal(syscall.SIGINT))
+	err := m.cmd.Wait()
+	require.NoError(t, err, "meshrun must exit on its own, not by SIGPIPE")
+	m.noProcessLeft(0)
+}
+
+// meshrun killed outright (SIGKILL, nothing to handle): every process of the mesh, the
+// agents' proxies included, goes with it.
+func TestMeshrunKilledLeavesNothing(t *testing.T) {
+	m := startMeshrun(t)
+	m.wait("the mesh is up")
+	require.NoError(t, m.cmd.Process.Kill())
+	_ = m.cmd.Wait()
+	m.noProcessLeft(10 * time.Second)
 }
