@@ -19,13 +19,23 @@ import (
 // AnnotationKey is the pod annotation whose ProxyConfig overrides PROXY_CONFIG.
 const AnnotationKey = "proxy.istio.io/config"
 
+// DefaultDiscoveryAddress is where a sidecar finds discovery unless told: discovery's
+// Service in the cluster, on its plaintext xDS port (15010), which is what discovery
+// serves. Istio's default is the TLS port 15012; wasmesh moves to it once discovery serves
+// xDS over TLS.
+const DefaultDiscoveryAddress = "istiod.istio-system.svc:15010"
+
+// LocalDiscoveryAddress is the default outside Kubernetes, where no cluster DNS resolves
+// DefaultDiscoveryAddress: discovery's default listener on the same machine.
+const LocalDiscoveryAddress = "localhost:15010"
+
 // Default returns Istio's default ProxyConfig for a sidecar.
 func Default() *meshconfig.ProxyConfig {
 	return &meshconfig.ProxyConfig{
 		ConfigPath:               "/etc/istio/proxy",
 		BinaryPath:               "/usr/local/bin/envoy",
 		DrainDuration:            durationpb.New(45 * time.Second),
-		DiscoveryAddress:         "istiod.istio-system.svc:15012",
+		DiscoveryAddress:         DefaultDiscoveryAddress,
 		ProxyAdminPort:           15000,
 		StatusPort:               15020,
 		StatNameLength:           189,
@@ -61,16 +71,22 @@ func Overlay(base, over *meshconfig.ProxyConfig) {
 	})
 }
 
-// Layers is the input of Effective: the PROXY_CONFIG value and the pod annotations.
+// Layers is the input of Effective: the PROXY_CONFIG value and the pod annotations, and
+// whether the agent runs in a Kubernetes pod.
 type Layers struct {
 	Env         string
 	Annotations map[string]string
+	// OutsideKubernetes makes the default discovery address LocalDiscoveryAddress.
+	OutsideKubernetes bool
 }
 
 // Effective returns defaults, then PROXY_CONFIG, then the proxy.istio.io/config
 // annotation, each overriding the fields it sets.
 func Effective(l Layers) (*meshconfig.ProxyConfig, error) {
 	pc := Default()
+	if l.OutsideKubernetes {
+		pc.DiscoveryAddress = LocalDiscoveryAddress
+	}
 	if strings.TrimSpace(l.Env) != "" {
 		env, err := Parse("PROXY_CONFIG", l.Env)
 		if err != nil {

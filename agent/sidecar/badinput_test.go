@@ -83,3 +83,32 @@ func TestBadInputFailsAtStartNamingIt(t *testing.T) {
 func writeAnnotations(t *testing.T, o *sidecar.Options, a map[string]string) {
 	require.NoError(t, os.WriteFile(filepath.Join(o.PodInfoDir, "annotations"), []byte(podinfo.Format(a)), 0o644))
 }
+
+// Defaults work together out of the box: with no address given, a sidecar in a pod finds
+// discovery's Service on its plaintext xDS port and a sidecar elsewhere finds discovery's
+// default listener on the same machine, never a cluster-only name through the host's DNS.
+func TestDefaultDiscoveryAddressFollowsWhereTheAgentRuns(t *testing.T) {
+	for _, c := range []struct {
+		name, env, host string
+		port            int
+	}{
+		{"outside Kubernetes", "", "localhost", 15010},
+		{"in a pod", "KUBERNETES_SERVICE_HOST=10.96.0.1", "istiod.istio-system.svc", 15010},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o, _, _ := options(t, pod{env: []string{"PROXY_CONFIG={}"}})
+			if c.env != "" {
+				o.Env = append(o.Env, c.env)
+			}
+			a, err := sidecar.New(o)
+			require.NoError(t, err)
+			assert.Equal(t, c.host, a.Params().DiscoveryHost)
+			assert.Equal(t, c.port, a.Params().DiscoveryPort)
+		})
+	}
+	// An address given in ProxyConfig is kept wherever the agent runs, the default's too.
+	o, _, _ := options(t, pod{env: []string{`PROXY_CONFIG={"discoveryAddress":"istiod.istio-system.svc:15010"}`}})
+	a, err := sidecar.New(o)
+	require.NoError(t, err)
+	assert.Equal(t, "istiod.istio-system.svc", a.Params().DiscoveryHost)
+}

@@ -133,7 +133,9 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	pc, err := proxyconfig.Effective(proxyconfig.Layers{Env: a.env["PROXY_CONFIG"], Annotations: pod.Annotations})
+	pc, err := proxyconfig.Effective(proxyconfig.Layers{Env: a.env["PROXY_CONFIG"], Annotations: pod.Annotations,
+		// Not in a pod: only cluster DNS knows istiod's Service name.
+		OutsideKubernetes: a.env["KUBERNETES_SERVICE_HOST"] == ""})
 	if err != nil {
 		return nil, err
 	}
@@ -276,6 +278,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 
+	a.log.Info("agent starting", "node", a.params.NodeID,
+		"discoveryAddress", a.pc.GetDiscoveryAddress(), "proxy", a.pc.GetBinaryPath(), "status", a.statusAddr)
 	reporter, err := a.healthReporter()
 	if err != nil {
 		return err

@@ -35,7 +35,7 @@ func Default() *meshconfig.MeshConfig {
 		OutboundTrafficPolicy:    &meshconfig.MeshConfig_OutboundTrafficPolicy{Mode: meshconfig.MeshConfig_OutboundTrafficPolicy_ALLOW_ANY},
 		DefaultConfig: &meshconfig.ProxyConfig{
 			ConfigPath:               "./etc/istio/proxy",
-			DiscoveryAddress:         "istiod.istio-system.svc:15012",
+			DiscoveryAddress:         "istiod.istio-system.svc:15010", // discovery's plaintext xDS, as the agent's default
 			DrainDuration:            durationpb.New(45 * time.Second),
 			TerminationDrainDuration: durationpb.New(5 * time.Second),
 			StatusPort:               15020,

@@ -71,6 +71,7 @@ func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, *slog.Level
 	cmd := &cobra.Command{
 		Use:   "proxy sidecar",
 		Short: "Run the proxy beside a workload: bootstrap, supervise, serve status, drain on SIGTERM",
+		Long:  sidecarHelp,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 || args[0] != "sidecar" {
 				return fmt.Errorf("want `agent proxy sidecar`, got %v", args)
@@ -175,3 +176,36 @@ func defaultAdmin() string {
 	}
 	return host + ":15000"
 }
+
+// sidecarHelp says what `agent proxy sidecar` reads besides its flags, as the injector
+// sets it in a pod (docs/contracts.md has the details).
+const sidecarHelp = `Run the proxy beside a workload: write the proxy's bootstrap, start and supervise the
+proxy (hot restart on certificate change, restarts within a retry budget), serve the status
+port (readiness, app probes, merged metrics), and drain the proxy on SIGTERM.
+
+Where discovery is: --discoveryAddress, else ProxyConfig discoveryAddress, else
+istiod.istio-system.svc:15010 in a Kubernetes pod (KUBERNETES_SERVICE_HOST set) and
+localhost:15010 elsewhere, discovery's plaintext xDS port either way.
+
+Environment (Istio's names; the downward API sets the pod's in a pod):
+  POD_NAME, POD_NAMESPACE      the pod's name and namespace (node id, workload identity)
+  INSTANCE_IP                  the pod IP (node id, inbound listeners, INSTANCE_IPS)
+  SERVICE_ACCOUNT              the pod's service account (SPIFFE identity)
+  PROXY_CONFIG                 ProxyConfig as YAML or JSON, over Istio's defaults; the pod's
+                               proxy.istio.io/config annotation goes over it, flags over both
+  ISTIO_META_*                 node metadata, the prefix removed (ISTIO_META_INTERCEPTION_MODE,
+                               ISTIO_META_POD_PORTS, ISTIO_META_WORKLOAD_NAME, ...)
+  ISTIO_DELTA_XDS              false for State of the World xDS (default true: Delta)
+  ISTIO_BOOTSTRAP_OVERRIDE     a file merged over the generated bootstrap
+  ISTIO_KUBE_APP_PROBERS       the app's probes, rewritten to /app-health/ on the status port
+  ISTIO_PROMETHEUS_ANNOTATIONS the app's prometheus.io annotations, for the merged metrics
+  EXIT_ON_ZERO_ACTIVE_CONNECTIONS, MINIMUM_DRAIN_DURATION
+                               on SIGTERM, exit once connections reach zero after at least
+                               the minimum drain (default: drain terminationDrainDuration)
+  KUBERNETES_SERVICE_HOST      tells the agent it runs in a Kubernetes pod
+  WASMESH_LOCALHOST, WASMESH_WILDCARD, WASMESH_BASE_ID
+                               the local mesh's per-pod loopback addresses and hot-restart
+                               base id (pods sharing one network namespace)
+
+Files: --podInfoDir holds the downward-API labels and annotations; --certDir the workload
+certificates (cert-chain.pem, key.pem, root-cert.pem), watched for rotation.`

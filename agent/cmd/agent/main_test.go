@@ -261,3 +261,13 @@ func alive(pid int) bool {
 	f := strings.Fields(rest)
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
+
+// The sidecar's help lists the environment it reads, as the injector sets it in a pod.
+func TestSidecarHelpListsItsEnvironment(t *testing.T) {
+	code, out, errOut := runAgent(t, nil, "proxy", "sidecar", "--help")
+	require.Equal(t, 0, code, errOut)
+	for _, env := range []string{"POD_NAME", "POD_NAMESPACE", "INSTANCE_IP", "SERVICE_ACCOUNT", "PROXY_CONFIG", "ISTIO_META_",
+		"ISTIO_DELTA_XDS", "ISTIO_KUBE_APP_PROBERS", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "MINIMUM_DRAIN_DURATION", "localhost:15010"} {
+		assert.Contains(t, out, env)
+	}
+}
