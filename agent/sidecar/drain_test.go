@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +38,30 @@ func request(url string) <-chan result {
 	return ch
 }
 
+// closes sends one request that asks for keep-alive on a new connection and reports
+// whether the response said Connection: close.
+func closes(t *testing.T, url string) bool {
+	t.Helper()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: tr}).Get(url)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	return resp.Close
+}
+
+// adminPosts lists the admin POSTs the test proxy received (its /testproxy/admin_posts),
+// none while the proxy does not answer.
+func (r *running) adminPosts() []string {
+	code, body := r.getFrom(r.agent.Admin().Address(), "/testproxy/admin_posts")
+	if code != http.StatusOK {
+		return nil
+	}
+	return strings.Fields(body)
+}
+
 // configured starts a pod whose proxy has an inbound (8080) and an outbound (9080) listener.
 func configured(t *testing.T, env ...string) *running {
 	r := start(t, pod{env: env})
@@ -51,7 +76,9 @@ func TestDrainFixedDuration(t *testing.T) {
 	const drain = 800 * time.Millisecond
 	r := configured(t, `PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010","terminationDrainDuration":"0.8s"}`)
 
-	inflight := request(fmt.Sprintf("http://%s:18080/slow?ms=400", r.ip))
+	inbound, outbound := fmt.Sprintf("http://%s:18080/", r.ip), fmt.Sprintf("http://%s:19080/", r.ip)
+	require.False(t, closes(t, inbound), "no Connection: close before SIGTERM")
+	inflight := request(inbound + "slow?ms=400")
 	require.Eventually(t, func() bool {
 		n, err := r.agent.Admin().ActiveConnections(t.Context())
 		return err == nil && n >= 1
@@ -60,7 +87,14 @@ func TestDrainFixedDuration(t *testing.T) {
 	r.cancel()
 
 	require.Eventually(t, r.readyIs(503, "draining"), 5*time.Second, 5*time.Millisecond)
-	out := <-request(fmt.Sprintf("http://%s:19080/", r.ip))
+	var posts []string
+	require.Eventually(t, func() bool { posts = r.adminPosts(); return len(posts) > 0 }, 5*time.Second, 5*time.Millisecond,
+		"the agent asks the proxy to drain")
+	assert.Equal(t, []string{"/drain_listeners?inboundonly&graceful"}, posts,
+		"inbound listeners only, gracefully (Istio's call), and nothing else before the drain time")
+	assert.True(t, closes(t, inbound), "a new inbound connection is told to close while the proxy drains")
+	assert.False(t, closes(t, outbound), "outbound listeners are not drained")
+	out := <-request(outbound)
 	require.NoError(t, out.err)
 	assert.Equal(t, 200, out.code, "outbound traffic keeps working while inbound drains")
 

@@ -142,7 +142,11 @@ func (r *running) wait(t *testing.T, timeout time.Duration) error {
 }
 
 func (r *running) get(path string, port int) (int, string) {
-	resp, err := r.client.Get(fmt.Sprintf("http://%s%s", net.JoinHostPort(r.ip, strconv.Itoa(port)), path))
+	return r.getFrom(net.JoinHostPort(r.ip, strconv.Itoa(port)), path)
+}
+
+func (r *running) getFrom(hostPort, path string) (int, string) {
+	resp, err := r.client.Get("http://" + hostPort + path)
 	if err != nil {
 		return 0, err.Error()
 	}

@@ -3,7 +3,8 @@
 // (the readiness and Prometheus listeners route by path prefix to static clusters) and
 // stats_tags, serves the admin calls the agent makes, and does a hot restart between
 // epochs through a Unix socket next to the bootstrap file. It has no xDS; tests stand in
-// for discovery with POST /testproxy/xds on its admin. Knobs (environment):
+// for discovery with POST /testproxy/xds on its admin, and read the admin calls the agent
+// made with GET /testproxy/admin_posts. Knobs (environment):
 //
 //	TESTPROXY_EXIT_CODE=n        exit with n right after start (a proxy that cannot start)
 //	TESTPROXY_FAIL_FILE=path     the file holds a count k; while k>0, decrement it and exit 1

@@ -45,6 +45,9 @@ type proxy struct {
 	listeners  []*listener
 	adminLn    net.Listener
 	adminSrv   *http.Server
+	// adminPosts are the admin POSTs received (path and query), in order, leaving out
+	// the tests' /testproxy/ knobs: GET /testproxy/admin_posts lists them.
+	adminPosts []string
 
 	exit chan int
 }
@@ -461,10 +464,23 @@ func (p *proxy) adminHandler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		w.Write(p.stats.prometheus())
 	})
+	mux.HandleFunc("/testproxy/admin_posts", func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.adminPosts {
+			fmt.Fprintln(w, c)
+		}
+	})
 	mux.HandleFunc("/config_dump", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"configs":[{"@type":"type.googleapis.com/envoy.admin.v3.BootstrapConfigDump","bootstrap":%s}]}`, p.raw)
 	})
+	p.adminPostHandlers(mux)
+	return mux
+}
+
+// adminPostHandlers adds the admin API's POST endpoints and the tests' /testproxy/ knobs.
+func (p *proxy) adminPostHandlers(mux *http.ServeMux) {
 	// exitAfter carries an exit code requested by a handler; the process exits only
 	// after the response is on the wire, as Envoy answers /quitquitquit first.
 	post := func(path string, f func(r *http.Request) error) {
@@ -472,6 +488,11 @@ func (p *proxy) adminHandler() http.Handler {
 			if r.Method != http.MethodPost {
 				http.Error(w, "This endpoint requires POST", http.StatusMethodNotAllowed)
 				return
+			}
+			if !strings.HasPrefix(r.URL.Path, "/testproxy/") {
+				p.mu.Lock()
+				p.adminPosts = append(p.adminPosts, r.URL.RequestURI())
+				p.mu.Unlock()
 			}
 			err := f(r)
 			var ex *exitAfter
@@ -582,7 +603,6 @@ func (p *proxy) adminHandler() http.Handler {
 		p.stats.get(q.Get("name"), false).add(v)
 		return nil
 	})
-	return mux
 }
 
 // exitAfter is returned by an admin handler to exit once its response is sent.
