@@ -15,7 +15,33 @@ type DebounceOptions struct {
 	// EnableEDS debounces endpoints-only changes too; when false they are pushed at once
 	// (PILOT_ENABLE_EDS_DEBOUNCE, true).
 	EnableEDS bool
+
+	// clock is the wall clock unless a test drives time by hand.
+	clock clock
 }
+
+// clock is the debouncer's time source: the quiet period and the cap are measured with Now
+// and waited for with timers, so a test can step time explicitly instead of sleeping.
+type clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) timer
+}
+
+// timer fires once on C unless stopped first.
+type timer interface {
+	C() <-chan time.Time
+	Stop()
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time                 { return time.Now() }
+func (wallClock) NewTimer(d time.Duration) timer { return wallTimer{time.NewTimer(d)} }
+
+type wallTimer struct{ t *time.Timer }
+
+func (w wallTimer) C() <-chan time.Time { return w.t.C }
+func (w wallTimer) Stop()               { w.t.Stop() }
 
 // DefaultDebounce returns Istio's defaults.
 func DefaultDebounce() DebounceOptions {
@@ -28,16 +54,27 @@ func DefaultDebounce() DebounceOptions {
 // in flight (if any) has returned. debounced, if set, receives the time each merged request
 // spent waiting (pilot_debounce_time).
 func Debounce(ctx context.Context, in <-chan *Request, opts DebounceOptions, push func(context.Context, *Request), debounced func(time.Duration)) {
+	clk := opts.clock
+	if clk == nil {
+		clk = wallClock{}
+	}
 	var (
-		pending       *Request
-		firstArrival  time.Time
-		lastArrival   time.Time
-		timer         *time.Timer
-		timerC        <-chan time.Time
-		free          = true
-		done          = make(chan struct{}, 1)
-		debouncedReqs int
+		pending      *Request
+		firstArrival time.Time
+		lastArrival  time.Time
+		t            timer
+		timerC       <-chan time.Time
+		free         = true
+		done         = make(chan struct{}, 1)
 	)
+	// arm replaces the timer: one wake-up is pending at a time.
+	arm := func(d time.Duration) {
+		if t != nil {
+			t.Stop()
+		}
+		t = clk.NewTimer(d)
+		timerC = t.C()
+	}
 	start := func(r *Request) {
 		free = false
 		go func() {
@@ -49,7 +86,7 @@ func Debounce(ctx context.Context, in <-chan *Request, opts DebounceOptions, pus
 		if pending == nil || !free {
 			return
 		}
-		now := time.Now()
+		now := clk.Now()
 		quiet := now.Sub(lastArrival)
 		waited := now.Sub(firstArrival)
 		if quiet >= opts.After || waited >= opts.Max {
@@ -57,7 +94,7 @@ func Debounce(ctx context.Context, in <-chan *Request, opts DebounceOptions, pus
 				debounced(waited)
 			}
 			r := pending
-			pending, debouncedReqs = nil, 0
+			pending = nil
 			start(r)
 			return
 		}
@@ -66,11 +103,11 @@ func Debounce(ctx context.Context, in <-chan *Request, opts DebounceOptions, pus
 		if rest := opts.Max - waited; rest < wait {
 			wait = rest
 		}
-		resetTimer(&timer, &timerC, wait)
+		arm(wait)
 	}
 	defer func() {
-		if timer != nil {
-			timer.Stop()
+		if t != nil {
+			t.Stop()
 		}
 		if !free {
 			<-done
@@ -91,13 +128,12 @@ func Debounce(ctx context.Context, in <-chan *Request, opts DebounceOptions, pus
 					continue
 				}
 			}
-			now := time.Now()
+			now := clk.Now()
 			if pending == nil {
 				firstArrival = now
 			}
 			lastArrival = now
 			pending = pending.Merge(r)
-			debouncedReqs++
 			if opts.After <= 0 {
 				tryPush()
 				continue
@@ -107,7 +143,7 @@ func Debounce(ctx context.Context, in <-chan *Request, opts DebounceOptions, pus
 				if opts.Max < wait {
 					wait = opts.Max
 				}
-				resetTimer(&timer, &timerC, wait)
+				arm(wait)
 			}
 		case <-timerC:
 			timerC = nil
@@ -117,14 +153,4 @@ func Debounce(ctx context.Context, in <-chan *Request, opts DebounceOptions, pus
 			tryPush()
 		}
 	}
-}
-
-func resetTimer(t **time.Timer, c *<-chan time.Time, d time.Duration) {
-	if *t == nil {
-		*t = time.NewTimer(d)
-	} else {
-		(*t).Stop()
-		(*t).Reset(d)
-	}
-	*c = (*t).C
 }
