@@ -334,13 +334,12 @@ spec:
 		require.NoError(t, e.d.Metrics.ConvergenceTime.Write(&m))
 		return m.GetHistogram().GetSampleCount()
 	}
-	// settled waits until the proxies were pushed want more times than at base, then makes
-	// sure no other push follows (a push is queued when the change is built, and served in
-	// milliseconds).
+	// settled waits until every change so far has reached every proxy it concerns (the
+	// server says so: nothing waits in the debouncer or the push queue), then checks that
+	// the proxies were pushed want more times than at base, no fewer and no more.
 	settled := func(base, want uint64) {
 		t.Helper()
-		require.Eventually(t, func() bool { return pushes() >= base+want }, 10*time.Second, 5*time.Millisecond)
-		time.Sleep(300 * time.Millisecond)
+		require.Eventually(t, e.d.Server.Settled, 10*time.Second, time.Millisecond, "pushes pending")
 		require.Equal(t, base+want, pushes())
 	}
 	serviceIn := func(name, ns string, port int) string {
@@ -351,7 +350,8 @@ metadata: {name: %s, namespace: %s}
 spec: {hosts: [%s.%s.svc.cluster.local], resolution: STATIC, ports: [{number: %d, name: http}], endpoints: [{address: 127.10.9.9}]}
 `, name, ns, name, ns, port)
 	}
-	time.Sleep(300 * time.Millisecond) // the registrations' pushes
+	// The registrations' pushes.
+	require.Eventually(t, e.d.Server.Settled, 10*time.Second, time.Millisecond, "pushes pending")
 	base := pushes()
 
 	// Out of the scoped proxy's reach: only the unscoped one is pushed.

@@ -140,6 +140,13 @@ func (q *pushQueue) Len() int {
 	return len(q.order)
 }
 
+// Idle reports whether no connection waits for a push or is being pushed to.
+func (q *pushQueue) Idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.order) == 0 && len(q.processing) == 0
+}
+
 // Close wakes every worker and refuses further pushes.
 func (q *pushQueue) Close() {
 	q.mu.Lock()

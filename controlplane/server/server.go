@@ -119,6 +119,9 @@ type Server struct {
 	nonceSeq atomic.Uint64
 	// BytesSent counts marshalled resource bytes sent, for benchmarks and debug output.
 	bytesSent atomic.Uint64
+	// unsettled counts the changes handed to ConfigUpdate, by their reasons (which merging
+	// adds up), that the debouncer has not yet turned into queued pushes.
+	unsettled atomic.Int64
 
 	mu     sync.RWMutex
 	conns  map[string]*Connection
@@ -153,9 +156,12 @@ func New(log *slog.Logger, m *metrics.Metrics, opts Options, deps Deps) *Server 
 // ConfigUpdate hands a change to the debouncer. It never blocks a config source for long:
 // the debouncer drains the channel continuously.
 func (s *Server) ConfigUpdate(r *push.Request) {
+	triggers := 0
 	for reason, n := range r.Reasons {
 		s.metrics.PushTriggers.WithLabelValues(reason).Add(float64(n))
+		triggers += n
 	}
+	s.unsettled.Add(int64(triggers))
 	if r.Full {
 		s.metrics.InboundUpdates.WithLabelValues("config").Inc()
 	} else {
@@ -164,6 +170,7 @@ func (s *Server) ConfigUpdate(r *push.Request) {
 	select {
 	case s.updates <- r:
 	case <-s.stop:
+		s.unsettled.Add(-int64(triggers))
 	}
 }
 
@@ -186,6 +193,14 @@ func (s *Server) Ready() bool { return s.ready.Load() }
 
 // BytesSent is the total of resource bytes sent so far.
 func (s *Server) BytesSent() uint64 { return s.bytesSent.Load() }
+
+// Settled reports whether every change handed in so far has reached every proxy it
+// concerns: none waits in the debouncer or is being built, and the push queue holds no push
+// and has none in progress. Tests check with it that nothing else followed a change.
+func (s *Server) Settled() bool {
+	// Read in this order: a push is queued before its changes stop counting as unsettled.
+	return s.unsettled.Load() == 0 && s.queue.Idle()
+}
 
 // Status returns the latest push's status.
 func (s *Server) Status() PushStatus {
@@ -283,6 +298,11 @@ func (s *Server) push(ctx context.Context, r *push.Request) {
 	for _, c := range s.index.concerned(ev, prev) {
 		s.queue.Enqueue(c, ev)
 	}
+	triggers := 0
+	for _, n := range r.Reasons {
+		triggers += n
+	}
+	s.unsettled.Add(-int64(triggers))
 }
 
 // servicesOnly reports whether a full request changed nothing but services and their

@@ -79,6 +79,9 @@ type Source struct {
 	// truncating before it writes).
 	lastGood map[string]lastGood // by file
 	handlers []Handler
+	// watching is closed once Run watches the tree.
+	watching     chan struct{}
+	watchingOnce sync.Once
 }
 
 // lastGood is the last applied version of a file's configs, by key and by source.
@@ -96,7 +99,7 @@ func sourceFile(src string) string {
 // New returns a source for dir; call Sync (or Run) to read it.
 func New(dir string, log *slog.Logger, m *metrics.Metrics) *Source {
 	return &Source{dir: dir, log: log.With("scope", "filedir"), metrics: m, current: map[config.Key]*config.Config{}, lastErrs: map[string]bool{}, parsed: map[string]parsedFile{},
-		lastGood: map[string]lastGood{}}
+		lastGood: map[string]lastGood{}, watching: make(chan struct{})}
 }
 
 // AddHandler registers h for later changes. Register before Run.
@@ -695,6 +698,9 @@ func eventName(existed bool) string {
 	return "add"
 }
 
+// Watching is closed once Run watches the directory tree: a change made after it is seen.
+func (s *Source) Watching() <-chan struct{} { return s.watching }
+
 // Run watches the directory until ctx ends, resyncing on every change. The caller should
 // Sync once before Run so the first push sees the initial configs.
 func (s *Source) Run(ctx context.Context) error {
@@ -706,6 +712,7 @@ func (s *Source) Run(ctx context.Context) error {
 	if err := addTree(w, s.dir); err != nil {
 		return err
 	}
+	s.watchingOnce.Do(func() { close(s.watching) })
 	for {
 		select {
 		case <-ctx.Done():

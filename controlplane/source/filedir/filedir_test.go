@@ -349,16 +349,15 @@ func TestRunFollowsRenamesRemovalsAndNewDirectories(t *testing.T) {
 	watch(t, s)
 	inForce := func(name string) bool { return slices.Contains(configNames(s), name) }
 
-	// The watch starts asynchronously: save until the change is seen.
-	n := 0
-	require.Eventually(t, func() bool {
-		n++
-		tmp := filepath.Join(dir, ".a.yaml.tmp")
-		write(t, tmp, se("a", 8000+n))
-		require.NoError(t, os.Rename(tmp, filepath.Join(dir, "a.yaml")))
-		time.Sleep(100 * time.Millisecond)
-		return portOf(t, s, "a") > 8000
-	}, 10*time.Second, 10*time.Millisecond, "a save by rename")
+	select {
+	case <-s.Watching():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not start")
+	}
+	tmp := filepath.Join(dir, ".a.yaml.tmp")
+	write(t, tmp, se("a", 8001))
+	require.NoError(t, os.Rename(tmp, filepath.Join(dir, "a.yaml")))
+	require.Eventually(t, func() bool { return portOf(t, s, "a") == 8001 }, 10*time.Second, 10*time.Millisecond, "a save by rename")
 	assert.Equal(t, uint32(80), portOf(t, s, "b"))
 
 	require.NoError(t, os.Remove(filepath.Join(dir, "b.yaml")))
