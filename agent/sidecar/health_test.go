@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,30 +99,75 @@ func TestCertificateRotationKeepsPodReady(t *testing.T) {
 	proxytest.RequireKnobs(t)
 	rec, addr := startRecorder(t)
 
-	r := start(t, pod{
+	r := start(t, pod{appPorts: []int{18080},
 		proxyEnv: []string{"TESTPROXY_CONFIG_ON_START=1", "TESTPROXY_CHILD_INIT=1500ms"},
 		env:      []string{fmt.Sprintf(`PROXY_CONFIG={"discoveryAddress":%q}`, addr)}})
+	// The application listens on the pod's localhost, its inbound listener elsewhere.
+	app := serveApplication(t, r.ip+":18080")
+	require.Eventually(t, r.epochLive(0), 10*time.Second, 20*time.Millisecond)
+	r.adminPost(t, "/testproxy/xds", fmt.Sprintf(`{"inbound":["%s:18080"]}`, proxytest.Loopback(t, 18080)))
 	require.Eventually(t, r.readyIs(200, ""), 10*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { s, _ := rec.last(); return s == "" }, 10*time.Second, 20*time.Millisecond)
 	_, before := rec.last()
 
 	require.NoError(t, os.WriteFile(r.certs, []byte("rotated"), 0o600))
 	sawInit := false
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.After(15 * time.Second)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	for !r.epochLive(1)() {
-		require.True(t, time.Now().Before(deadline), "epoch 1 never became live")
 		if state, _, err := r.agent.Admin().Ready(context.Background()); err == nil && state == "INITIALIZING" {
 			sawInit = true // epoch 1's admin: not live yet
 		}
 		code, body := r.get("/healthz/ready", 15020)
 		require.Equal(t, 200, code, "the pod stays ready during the hot restart: %s", body)
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-deadline:
+			t.Fatal("epoch 1 never became live")
+		case <-tick.C:
+		}
 	}
 	require.True(t, sawInit, "the admin API answered for the initializing epoch 1 at some point")
-	time.Sleep(time.Second) // two health periods after the hand-over
+
+	// The application stops listening: the next health check, made after the hand-over,
+	// reports it. Reports reach discovery in order, so once that one arrived every report
+	// of a check made during or after the rotation has too; and its reason shows that
+	// check found the proxy ready (readiness is checked before the application ports).
+	require.NoError(t, app.Close())
+	var marker int
+	require.Eventually(t, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for i := before; i < len(rec.reports); i++ {
+			if strings.HasPrefix(rec.reports[i], "application port 18080") {
+				marker = i
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond, "the closed application port is reported")
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	for _, s := range rec.reports[before:] {
+	for _, s := range rec.reports[before:marker] {
 		assert.Empty(t, s, "only healthy reports during and after the rotation")
 	}
+}
+
+// serveApplication accepts (and closes) connections on addr, as the application's port
+// does for the agent's check, until the returned listener is closed.
+func serveApplication(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	return l
 }

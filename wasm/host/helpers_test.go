@@ -43,6 +43,7 @@ func newRuntime(tb testing.TB) *Runtime {
 type logRecorder struct {
 	mu      sync.Mutex
 	records []logRecord
+	notify  changes // each record
 }
 
 type logRecord struct {
@@ -58,6 +59,7 @@ func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	l.records = append(l.records, rec)
 	l.mu.Unlock()
+	l.notify.changed()
 	return nil
 }
 func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
@@ -84,15 +86,47 @@ func (l *logRecorder) find(prefix string) (logRecord, bool) {
 	return logRecord{}, false
 }
 
-// eventually waits for cond with a deadline instead of sleeping for a fixed time.
-func eventually(tb testing.TB, cond func() bool, msg string) {
+// changes tells waiters that a recorder got something new: the channel next hands out is
+// closed at the following change, so a test waits for an event instead of polling.
+type changes struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// next returns a channel closed at the first change after this call.
+func (c *changes) next() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ch == nil {
+		c.ch = make(chan struct{})
+	}
+	return c.ch
+}
+
+func (c *changes) changed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ch != nil {
+		close(c.ch)
+		c.ch = nil
+	}
+}
+
+// eventually checks cond after each change of what c watches, failing after 10 s.
+func eventually(tb testing.TB, c *changes, cond func() bool, msg string) {
 	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		next := c.next() // before cond: a change while cond runs still wakes the wait
+		if cond() {
+			return
+		}
+		select {
+		case <-next:
+		case <-deadline.C:
 			tb.Fatalf("condition not met: %s", msg)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -154,14 +188,16 @@ func hget(h *Headers, k string) string {
 
 // signals records a stream's signals.
 type signals struct {
-	mu  sync.Mutex
-	got []Signal
+	mu     sync.Mutex
+	got    []Signal
+	notify changes // each signal
 }
 
 func (s *signals) add(sig Signal) {
 	s.mu.Lock()
 	s.got = append(s.got, sig)
 	s.mu.Unlock()
+	s.notify.changed()
 }
 
 func (s *signals) list() []Signal {

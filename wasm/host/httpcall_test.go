@@ -113,7 +113,7 @@ func TestHTTPCallResponseCanAnswerTheStream(t *testing.T) {
 	up.mu.Unlock()
 	// Answered from another goroutine, as a real dispatcher would.
 	go done(&HTTPCallResponse{Headers: [][2]string{{":status", "403"}}}, nil)
-	eventually(t, func() bool { return len(sigs.list()) == 1 }, "local response signal")
+	eventually(t, &sigs.notify, func() bool { return len(sigs.list()) == 1 }, "local response signal")
 	sig := sigs.list()[0]
 	assert.Equal(t, SignalLocalResponse, sig.Kind)
 	assert.Equal(t, &LocalResponse{StatusCode: 401, Details: "denied after call", Body: []byte("call said no"), GRPCStatus: 16}, sig.LocalResponse)

@@ -42,7 +42,9 @@ func TestSharedQueues(t *testing.T) {
 	rt := newRuntime(t)
 	mod, err := rt.Compile(ctx, guestWasm(t, "kitchen"))
 	require.NoError(t, err)
-	env := Environment{Logger: slog.New(&logRecorder{})}
+	// The consumer logs "queue ready" after it drained the queue: the event to wait on.
+	logs := &logRecorder{}
+	env := Environment{Logger: slog.New(logs)}
 	consumer, err := rt.NewPlugin(ctx, mod, PluginConfig{Name: "consumer", VMID: "q-vm", Configuration: []byte("queue=q")}, env)
 	require.NoError(t, err)
 	defer consumer.Close(ctx)
@@ -59,7 +61,7 @@ func TestSharedQueues(t *testing.T) {
 	}
 	// Each enqueue woke the registering root context of the other plugin, which drained
 	// the queue.
-	eventually(t, func() bool {
+	eventually(t, &logs.notify, func() bool {
 		m, _ := consumer.Metrics().Get("queue_items_total", MetricCounter)
 		return m.Value == 3
 	}, "consumer drained 3 items")
@@ -78,7 +80,7 @@ func TestSharedQueues(t *testing.T) {
 	require.NotNil(t, res.Failure)
 	_, h = pf.op(t, "enqueue", [2]string{"x-vm-id", "q-vm"})
 	assert.Equal(t, "0:0:1:1", hget(h, "x-enqueue"))
-	eventually(t, func() bool {
+	eventually(t, &logs.notify, func() bool {
 		m, _ := consumer.Metrics().Get("queue_items_total", MetricCounter)
 		return m.Value == 4
 	}, "the replaced consumer drained the new item")

@@ -88,7 +88,7 @@ func TestCloseWaitsForProxyDone(t *testing.T) {
 	f := newFixture(t, "kitchen", PluginConfig{Configuration: []byte("tick=100\ndefer-done=1\ndone-on-tick=1")}, Environment{Clock: clock})
 	closed := make(chan error, 1)
 	go func() { closed <- f.p.Close(context.Background()) }()
-	eventually(t, func() bool { _, ok := f.logs.find("root done deferred"); return ok }, "on_done returned false")
+	eventually(t, &f.logs.notify, func() bool { _, ok := f.logs.find("root done deferred"); return ok }, "on_done returned false")
 	select {
 	case err := <-closed:
 		t.Fatalf("Close returned before proxy_done: %v", err)

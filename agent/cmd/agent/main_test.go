@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/wasmesh/wasmesh/agent/internal/proxytest"
 )
@@ -222,12 +224,7 @@ func TestProxyDiesWithItsAgent(t *testing.T) {
 	<-s.exited
 	deadline := time.Now().Add(10 * time.Second)
 	for _, pid := range proxies {
-		for alive(pid) {
-			if time.Now().After(deadline) {
-				t.Fatalf("proxy pid %d outlived its agent", pid)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		require.True(t, waitExit(t, pid, deadline), "proxy pid %d outlived its agent", pid)
 	}
 }
 
@@ -250,16 +247,31 @@ func childrenOf(t *testing.T, pid int) []int {
 	return out
 }
 
-// alive reports whether pid is a running process (not gone, not a zombie).
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
+// waitExit waits until process pid (not a child of the test) has exited, or deadline
+// passes: its pidfd becomes readable when it exits. A pid already gone has exited.
+func waitExit(t *testing.T, pid int, deadline time.Time) bool {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return true
 	}
-	// The state follows the command name in parentheses, which may hold spaces.
-	rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
-	f := strings.Fields(rest)
-	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+		if errors.Is(err, unix.EINTR) {
+			continue // a signal to the test process (the Go runtime's own)
+		}
+		require.NoError(t, err)
+		if n > 0 {
+			return true
+		}
+	}
 }
 
 // The sidecar's help lists the environment it reads, as the injector sets it in a pod.

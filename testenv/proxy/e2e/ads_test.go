@@ -44,14 +44,16 @@ type controlPlane struct {
 	grpc  *grpc.Server
 	srv   serverv3.Server
 
-	mu    sync.Mutex
-	nacks []string // error_detail messages received
-	acks  map[string]string
+	mu       sync.Mutex
+	nacks    []string // error_detail messages received
+	acks     map[string]string
+	requests map[string]int // requests received, by type URL
 }
 
 func newControlPlane(t *testing.T, addr string) *controlPlane {
 	t.Helper()
-	cp := &controlPlane{t: t, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil), acks: map[string]string{}}
+	cp := &controlPlane{t: t, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil), acks: map[string]string{},
+		requests: map[string]int{}}
 	cp.start(addr)
 	return cp
 }
@@ -59,6 +61,7 @@ func newControlPlane(t *testing.T, addr string) *controlPlane {
 func (cp *controlPlane) record(typeURL, version string, detail string) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
+	cp.requests[typeURL]++
 	if detail != "" {
 		cp.nacks = append(cp.nacks, typeURL+": "+detail)
 	} else if version != "" {
@@ -90,15 +93,11 @@ func (cp *controlPlane) start(addr string) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	// The old socket of a restarted control plane may linger.
+	require.Eventually(cp.t, func() bool {
 		lis, err = net.Listen("tcp", addr)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // the old socket of a restarted control plane may linger
-	}
-	require.NoError(cp.t, err)
+		return err == nil
+	}, 5*time.Second, 20*time.Millisecond, "listen on %s", addr)
 	cp.addr = lis.Addr().String()
 	go func() { _ = cp.grpc.Serve(lis) }()
 	cp.t.Cleanup(func() { cp.grpc.Stop(); cancel() })
@@ -111,6 +110,13 @@ func (cp *controlPlane) set(version string, res map[resourcev3.Type][]types.Reso
 	snap, err := cachev3.NewSnapshot(version, res)
 	require.NoError(cp.t, err)
 	require.NoError(cp.t, cp.cache.SetSnapshot(context.Background(), testNode, snap))
+}
+
+// requested is how many requests of a type the control plane received.
+func (cp *controlPlane) requested(typeURL string) int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return cp.requests[typeURL]
 }
 
 func (cp *controlPlane) nackMessages() []string {
@@ -327,7 +333,13 @@ func TestADSReconnectBackoffFromBootstrap(t *testing.T) {
 
 	cp.stop()
 	require.Eventually(t, func() bool { return !connected() }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(3 * time.Second) // attempts fail meanwhile; the back-off stays at its 200 ms cap
+	// Attempts fail meanwhile (each one counts a destroyed connection of the xds-grpc
+	// cluster): ten of them, which the back-off doubling from 50 ms unbounded would spread
+	// over some 25 s; capped at 200 ms they keep coming.
+	failed := p.Stat("cluster.xds-grpc.upstream_cx_destroy")
+	p.Eventually(10*time.Second, "ten failed reconnection attempts", func() bool {
+		return p.Stat("cluster.xds-grpc.upstream_cx_destroy") >= failed+10
+	})
 	cp2 := newControlPlane(t, cp.addr)
 	cp2.set("v1", res)
 	require.Eventually(t, connected, 1500*time.Millisecond, 10*time.Millisecond,

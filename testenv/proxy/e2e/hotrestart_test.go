@@ -126,9 +126,10 @@ func TestHotRestartUnderLoad(t *testing.T) {
 // TestHotRestartChildAcceptsOnceLive: the next epoch takes the listening sockets at once
 // but, as Envoy's workers, accepts on them only once it is initialized; until then the
 // previous epoch serves every connection. Here the child's cluster waits for its endpoints
-// from the control plane, which sends them 2 s after the child started: a connection the
-// child took meanwhile would fail (its cluster has no endpoints yet). The child serves the
-// admin API from its start, as Envoy's child shuts down its parent's admin listener.
+// from the control plane, which sends them only after the child asked for them (it holds
+// the sockets by then) and 50 more requests succeeded: a connection the child took
+// meanwhile would fail (its cluster has no endpoints yet). The child serves the admin API
+// from its start, as Envoy's child shuts down its parent's admin listener.
 func TestHotRestartChildAcceptsOnceLive(t *testing.T) {
 	up := newUpstream(t, "up", false, nil)
 	boot := twoListenerBootstrap(up)
@@ -147,7 +148,9 @@ dynamic_resources:
 	p0, inbound, ld := d.underLoad(boot)
 
 	p1 := d.start(childBoot, 1, true)
-	time.Sleep(2 * time.Second)
+	// The child took the parent's sockets before it started initializing, and asks for
+	// its cluster's endpoints while it initializes.
+	p1.Eventually(10*time.Second, "the child's EDS request", func() bool { return cp.requested(resourcev3.EndpointType) > 0 })
 	for i := 0; i < 5; i++ { // each admin connection is the child's
 		code, body := p1.Get("/ready")
 		assert.Equal(t, "INITIALIZING", strings.TrimSpace(body), "the child waits for its endpoints (HTTP %d)", code)
