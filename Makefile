@@ -22,12 +22,20 @@ COMMANDS := $(wildcard $(addsuffix /cmd/*,$(MODULES)))
 
 AS_FIXTURE := $(WASM_OUT)/testdata/as_filter.wasm
 
+# The Kubernetes control plane the tests run (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, etcd), built from Go modules (testenv/kubebin) into a cache
+# directory named by the hash of that module's go.mod and go.sum: about 20 minutes cold on
+# 2 cores, then reused by every checkout on this machine.
+CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/wasmesh
+KUBE_BIN := $(CACHE)/kubebin/$(shell cat testenv/kubebin/go.mod testenv/kubebin/go.sum | sha256sum | cut -c1-12)
+
 # Test binaries read these to find the artifacts built here.
+export WASMESH_KUBE_BIN_DIR := $(KUBE_BIN)
 export WASMESH_BIN_DIR := $(BIN)
 export WASMESH_WASM_DIR := $(WASM_OUT)
 export WASMESH_AS_FIXTURE := $(AS_FIXTURE)
 
-.PHONY: all build deps tools wasm fixtures vet test bench run clean
+.PHONY: all build deps tools wasm fixtures kube-bin vet test test-unit test-race mutate bench run clean
 
 all: build
 
@@ -56,6 +64,15 @@ $(WASM_OUT)/%.wasm: FORCE
 	@echo "go build filters/$* -> build/wasm/$*.wasm"
 	@cd filters && GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o $@ ./$*
 
+# Built with the same flags every time, so the Go build cache is reused; a partial build
+# (interrupted) is finished on the next call.
+kube-bin:
+	@if [ ! -f $(KUBE_BIN)/.complete ]; then \
+		echo "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd from Go modules into $(KUBE_BIN)"; \
+		echo "(about 20 minutes on 2 cores the first time; cached afterwards)"; \
+		mkdir -p $(KUBE_BIN) && cd testenv/kubebin && GOWORK=off $(GO) build -trimpath -o $(KUBE_BIN)/ tool && touch $(KUBE_BIN)/.complete; \
+	fi
+
 fixtures: tools
 	@mkdir -p $(dir $(AS_FIXTURE))
 	@if [ -x wasm/testdata/assemblyscript/build.sh ]; then wasm/testdata/assemblyscript/build.sh $(AS_FIXTURE); fi
@@ -67,9 +84,39 @@ vet: deps
 	@if [ -d filters ]; then echo "go vet filters (wasip1)"; cd filters && GOOS=wasip1 GOARCH=wasm $(GO) vet ./...; fi
 
 # WASMESH_REQUIRE_FIXTURES turns a missing build artifact into a test failure instead of a skip.
-test: vet build fixtures
+test: vet build fixtures test-unit
+
+test-unit: build fixtures kube-bin
 	@for m in $(MODULES); do echo "go test $$m"; \
 		(cd $$m && WASMESH_REQUIRE_FIXTURES=1 $(GO) test -count=1 -timeout 20m ./...) || exit 1; done
+
+# The concurrent packages under the race detector: the xDS server and push pipeline, the
+# registry, the Wasm host, the agent's supervisor and sidecar, meshproxy's listeners and
+# upstreams.
+RACE_PKGS := controlplane:./server/...,./push/...,./registry/...,./discovery/... \
+	wasm:./host/... \
+	agent:./supervisor/...,./sidecar/...,./drain/...,./envoyproc/... \
+	testenv:./proxy/listener/...,./proxy/upstream/...,./proxy/hcm/...
+test-race: build fixtures
+	@for e in $(RACE_PKGS); do m=$${e%%:*}; pkgs=$${e#*:}; echo "go test -race $$m $$pkgs"; \
+		(cd $$m && WASMESH_REQUIRE_FIXTURES=1 $(GO) test -race -count=1 -timeout 20m $${pkgs//,/ }) || exit 1; done
+
+# Mutation testing (gremlins) of the core packages: each mutant is run against the package's
+# own tests; the table of killed and lived mutants is printed per package. Not run in CI.
+GREMLINS_VERSION := v0.6.0
+TOOLS := $(CACHE)/tools
+MUTATE_PKGS ?= controlplane:./server controlplane:./push controlplane:./xds controlplane:./registry \
+	wasm:./host agent:./drain agent:./supervisor filters:./quota filters:./telemetry
+mutate:
+	@test -x $(TOOLS)/gremlins-$(GREMLINS_VERSION) || { mkdir -p $(TOOLS) && \
+		GOBIN=$(TOOLS) $(GO) install github.com/go-gremlins/gremlins/cmd/gremlins@$(GREMLINS_VERSION) && \
+		mv $(TOOLS)/gremlins $(TOOLS)/gremlins-$(GREMLINS_VERSION); }
+	@mkdir -p build/mutate
+	@for e in $(MUTATE_PKGS); do m=$${e%%:*}; p=$${e#*:}; n=$$(echo $$m/$${p#./} | tr / -); \
+		echo "gremlins $$m $$p"; \
+		(cd $$m && $(TOOLS)/gremlins-$(GREMLINS_VERSION) unleash --workers 1 --timeout-coefficient 10 \
+			-o $(ROOT)/build/mutate/$$n.json $$p > $(ROOT)/build/mutate/$$n.txt 2>&1); \
+		tail -n 8 build/mutate/$$n.txt; done
 
 bench: build fixtures
 	@for m in $(MODULES); do echo "go bench $$m"; \
