@@ -1,21 +1,14 @@
 package config
 
 import (
-	"errors"
 	"fmt"
-	"maps"
-	"net/url"
 	"regexp"
 	"slices"
 	"strings"
 
-	"google.golang.org/protobuf/proto"
-	extensions "istio.io/api/extensions/v1alpha1"
-	networking "istio.io/api/networking/v1alpha3"
-	telemetry "istio.io/api/telemetry/v1alpha1"
-	typev1beta1 "istio.io/api/type/v1beta1"
-
 	"github.com/wasmesh/wasmesh/controlplane/envoytypes"
+	"google.golang.org/protobuf/proto"
+	networking "istio.io/api/networking/v1alpha3"
 )
 
 // The extension kinds (EnvoyFilter, WasmPlugin, Telemetry) are validated field by field: each
@@ -221,149 +214,14 @@ func validateEnvoyFilterMatch(f string, applyTo networking.EnvoyFilter_ApplyTo, 
 	return nil
 }
 
-var sha256Hex = regexp.MustCompile(`^[a-f0-9]{64}$`)
-
-// cIdentifier is what Istio accepts as a VM environment variable name.
-var cIdentifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// validateWasmPluginSpec checks a WasmPlugin. Modules come from file:// (read by the proxy) or
-// http(s):// with a sha256 (fetched and verified by discovery); OCI images need a registry
-// client wasmesh does not have and are rejected.
-func validateWasmPluginSpec(m proto.Message) *FieldError {
-	wp := m.(*extensions.WasmPlugin)
-	if wp.GetTargetRef() != nil {
-		return fieldErr("targetRef", errTargetRefs)
-	}
-	if len(wp.GetTargetRefs()) > 0 {
-		return fieldErr("targetRefs", errTargetRefs)
-	}
-	if s := wp.GetSelector(); s != nil {
-		if fe := validateLabels("selector.matchLabels", s.GetMatchLabels()); fe != nil {
-			return fe
+func validateEnvoyFilter(m proto.Message) *FieldError {
+	ef := m.(*networking.EnvoyFilter)
+	for i, p := range ef.GetConfigPatches() {
+		if p.GetPatch() == nil || p.GetPatch().GetOperation() == networking.EnvoyFilter_Patch_INVALID {
+			return fieldErr(fmt.Sprintf("configPatches[%d].patch.operation", i), "an operation is required")
 		}
-	}
-	if wp.GetUrl() == "" {
-		return fieldErr("url", "a module URL is required")
-	}
-	u, err := url.Parse(wp.GetUrl())
-	if err != nil {
-		return fieldErr("url", "%v", err)
-	}
-	if s := wp.GetSha256(); s != "" && !sha256Hex.MatchString(s) {
-		return fieldErr("sha256", "%q is not 64 lowercase hex digits", s)
-	}
-	switch u.Scheme {
-	case "file":
-		if u.Host != "" || u.Path == "" {
-			return fieldErr("url", "%q: a file URL is file:///absolute/path.wasm", wp.GetUrl())
-		}
-	case "http", "https":
-		if u.Host == "" {
-			return fieldErr("url", "%q has no host", wp.GetUrl())
-		}
-		if wp.GetSha256() == "" {
-			return fieldErr("sha256", "required for %s modules: discovery fetches the module once and caches and verifies it by its digest", u.Scheme)
-		}
-	case "oci", "":
-		return fieldErr("url", "%q: OCI images are not supported (no registry client); use file:// or http(s):// with sha256", wp.GetUrl())
-	default:
-		return fieldErr("url", "%q: scheme %q is not one of file, http, https", wp.GetUrl(), u.Scheme)
-	}
-	if wp.GetImagePullSecret() != "" {
-		return fieldErr("imagePullSecret", "not supported: it authenticates OCI registry pulls, and wasmesh fetches modules over plain http(s)")
-	}
-	if wp.GetVerificationKey() != "" {
-		return fieldErr("verificationKey", "not supported (Istio does not implement it either); use sha256")
-	}
-	if len(wp.GetPluginName()) > 256 {
-		return fieldErr("pluginName", "longer than 256 characters")
-	}
-	if wp.GetType() == extensions.PluginType_NETWORK {
-		return fieldErr("type", "NETWORK plugins are not supported: wasmesh's proxies run HTTP Wasm filters")
-	}
-	for i, e := range wp.GetVmConfig().GetEnv() {
-		f := fmt.Sprintf("vmConfig.env[%d]", i)
-		if !cIdentifier.MatchString(e.GetName()) {
-			return fieldErr(f+".name", "%q is not a C identifier", e.GetName())
-		}
-		if e.GetValueFrom() == extensions.EnvValueSource_HOST && e.GetValue() != "" {
-			return fieldErr(f+".value", "a HOST variable takes its value from the proxy's environment; value must be empty")
-		}
-	}
-	for i, ts := range wp.GetMatch() {
-		for j, p := range ts.GetPorts() {
-			if fe := validatePortNumber(fmt.Sprintf("match[%d].ports[%d].number", i, j), p.GetNumber(), false); fe != nil {
-				return fe
-			}
-		}
-		if ts.GetMode() > typev1beta1.WorkloadMode_CLIENT_AND_SERVER {
-			return fieldErr(fmt.Sprintf("match[%d].mode", i), "unknown mode %v", ts.GetMode())
-		}
-	}
-	return nil
-}
-
-// Tag names in metric names must stay parseable by the proxy's stats_tags rules.
-var tagName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// validateTelemetrySpec checks a Telemetry. wasmesh's metrics come from the telemetry Wasm
-// filter, so only the metrics section is translated; tracing and access logging are rejected.
-func validateTelemetrySpec(m proto.Message) *FieldError {
-	t := m.(*telemetry.Telemetry)
-	if t.GetTargetRef() != nil {
-		return fieldErr("targetRef", errTargetRefs)
-	}
-	if len(t.GetTargetRefs()) > 0 {
-		return fieldErr("targetRefs", errTargetRefs)
-	}
-	if s := t.GetSelector(); s != nil {
-		if fe := validateLabels("selector.matchLabels", s.GetMatchLabels()); fe != nil {
-			return fe
-		}
-	}
-	if len(t.GetTracing()) > 0 {
-		return fieldErr("tracing", "not supported: wasmesh configures metrics only")
-	}
-	if len(t.GetAccessLogging()) > 0 {
-		return fieldErr("accessLogging", "not supported: wasmesh configures metrics only")
-	}
-	for i, mt := range t.GetMetrics() {
-		f := fmt.Sprintf("metrics[%d]", i)
-		for j, p := range mt.GetProviders() {
-			if p.GetName() == "" {
-				return fieldErr(fmt.Sprintf("%s.providers[%d].name", f, j), "a provider name is required")
-			}
-		}
-		if mt.GetReportingInterval() != nil {
-			return fieldErr(f+".reportingInterval", "not supported: it sets the TCP metrics interval, and the telemetry filter reports HTTP metrics only")
-		}
-		for j, o := range mt.GetOverrides() {
-			of := fmt.Sprintf("%s.overrides[%d]", f, j)
-			if cm, ok := o.GetMatch().GetMetricMatch().(*telemetry.MetricSelector_CustomMetric); ok && !tagName.MatchString(cm.CustomMetric) {
-				return fieldErr(of+".match.customMetric", "%q must be letters, digits and underscores", cm.CustomMetric)
-			}
-			if o.GetMatch().GetMode() > telemetry.WorkloadMode_SERVER {
-				return fieldErr(of+".match.mode", "unknown mode %v", o.GetMatch().GetMode())
-			}
-			for _, name := range slices.Sorted(maps.Keys(o.GetTagOverrides())) {
-				to := o.GetTagOverrides()[name]
-				tf := fmt.Sprintf("%s.tagOverrides.%s", of, name)
-				if !tagName.MatchString(name) {
-					return fieldErr(tf, "tag name %q must be letters, digits and underscores", name)
-				}
-				switch to.GetOperation() {
-				case telemetry.MetricsOverrides_TagOverride_UPSERT:
-					if strings.TrimSpace(to.GetValue()) == "" {
-						return fieldErr(tf+".value", "UPSERT needs a value expression")
-					}
-				case telemetry.MetricsOverrides_TagOverride_REMOVE:
-					if to.GetValue() != "" {
-						return fieldErr(tf+".value", "REMOVE takes no value")
-					}
-				default:
-					return &FieldError{Field: tf + ".operation", Err: errors.New("unknown operation")}
-				}
-			}
+		if p.GetApplyTo() == networking.EnvoyFilter_INVALID {
+			return fieldErr(fmt.Sprintf("configPatches[%d].applyTo", i), "applyTo is required")
 		}
 	}
 	return nil
