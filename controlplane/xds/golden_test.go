@@ -100,6 +100,41 @@ func loadCase(t *testing.T, dir string) *fixture {
 
 type validator interface{ ValidateAll() error }
 
+// expectedProblemsFile lists, by hand, the configs a case expects to be reported as not
+// applied ("EnvoyFilter default/bad"); -update never writes it. A case without it expects
+// none.
+const expectedProblemsFile = "expected-problems.yaml"
+
+// requireExpectedProblems fails the case, before -update can record anything, unless the
+// configs reported are exactly those the case expects: a config that stops applying is a
+// failure, not a new golden.
+func requireExpectedProblems(t *testing.T, dir string, problems []*xds.Problem) {
+	t.Helper()
+	var want []string
+	data, err := os.ReadFile(filepath.Join(dir, expectedProblemsFile))
+	if err == nil {
+		require.NoError(t, yaml.UnmarshalStrict(data, &want), expectedProblemsFile)
+		require.NotEmpty(t, want, "%s lists no config; remove it", expectedProblemsFile)
+	} else {
+		require.ErrorIs(t, err, os.ErrNotExist)
+	}
+	var got []string
+	for _, p := range problems {
+		got = append(got, p.Config)
+	}
+	slices.Sort(got)
+	got = slices.Compact(got)
+	slices.Sort(want)
+	if !slices.Equal(want, got) {
+		var msgs []string
+		for _, p := range problems {
+			msgs = append(msgs, p.String()+": "+p.Message)
+		}
+		require.Failf(t, "configs not applied", "expected (%s): %q\nreported: %q\n%s",
+			expectedProblemsFile, want, got, strings.Join(msgs, "\n"))
+	}
+}
+
 // goldenCases lists the case directories under testdata.
 func goldenCases(t *testing.T) []string {
 	t.Helper()
@@ -147,8 +182,10 @@ func TestGolden(t *testing.T) {
 				}
 			}
 			// Configuration that could not be applied (EnvoyFilter patches that would make a
-			// resource invalid, ...) is reported, not sent.
-			if problems := xds.Problems(f.snap); len(problems) > 0 {
+			// resource invalid, ...) is reported, not sent; only where the case expects it.
+			problems := xds.Problems(f.snap)
+			requireExpectedProblems(t, dir, problems)
+			if len(problems) > 0 {
 				out = append(out, map[string]any{"problems": problems})
 			}
 			js, err := json.Marshal(out)

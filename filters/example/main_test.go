@@ -86,7 +86,10 @@ var probes = []string{"/", "/admin", "/admin/users", "/administrator", "/public/
 
 // TestGolden records, for each testdata/<case>/input.json plugin configuration (the
 // *.yaml files beside them are filtertest scenarios), what the
-// filter does: whether it starts, what it logs, and what each probe request gets.
+// filter does: whether it starts, what it logs, and what each probe request gets. Only a
+// case named error-* may fail to start or log an error, and it must: that is checked
+// before -update writes anything, so a good configuration that starts failing fails its
+// case instead of becoming its golden.
 func TestGolden(t *testing.T) {
 	dirs, err := filepath.Glob(filepath.Join("testdata", "*", "input.json"))
 	require.NoError(t, err)
@@ -96,7 +99,12 @@ func TestGolden(t *testing.T) {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			input, err := os.ReadFile(filepath.Join(dir, "input.json"))
 			require.NoError(t, err)
-			got := behaviour(t, string(input))
+			got, failed := behaviour(t, string(input))
+			if strings.HasPrefix(filepath.Base(dir), "error-") {
+				require.True(t, failed, "an error-* case must fail to start or log an error:\n%s", got)
+			} else {
+				require.False(t, failed, "only error-* cases may fail to start or log an error:\n%s", got)
+			}
 			golden := filepath.Join(dir, "output.golden")
 			if *update {
 				require.NoError(t, os.WriteFile(golden, []byte(got), 0o644))
@@ -108,9 +116,12 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-func behaviour(t *testing.T, cfg string) string {
+// behaviour describes what the filter does with cfg; failed is whether it refused to start
+// or logged an error.
+func behaviour(t *testing.T, cfg string) (desc string, failed bool) {
 	var b strings.Builder
 	host, status := start(t, cfg)
+	failed = status != types.OnPluginStartStatusOK || len(host.GetErrorLogs()) > 0 || len(host.GetCriticalLogs()) > 0
 	if status != types.OnPluginStartStatusOK {
 		b.WriteString("plugin start: failed\n")
 	} else {
@@ -139,7 +150,7 @@ func behaviour(t *testing.T, cfg string) string {
 	for _, l := range host.GetCriticalLogs() {
 		fmt.Fprintf(&b, "log critical: %s\n", l)
 	}
-	return b.String()
+	return b.String(), failed
 }
 
 func actionName(a types.Action) string {

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -22,7 +23,9 @@ func goldenNode(path []string) ([]byte, bool) {
 
 // TestGoldenPlans records, for each testdata/<case>/input.json plugin configuration, the
 // metrics it reports (name, type, value, tags in order and where each tag comes from,
-// the encoded name) or the error it is refused with.
+// the encoded name) or the error it is refused with. Only a case named error-* may be
+// refused, and it must be: that is checked before -update writes anything, so a good
+// configuration that starts failing fails its case instead of becoming its golden.
 func TestGoldenPlans(t *testing.T) {
 	dirs, err := filepath.Glob(filepath.Join("testdata", "*", "input.json"))
 	require.NoError(t, err)
@@ -33,9 +36,12 @@ func TestGoldenPlans(t *testing.T) {
 			input, err := os.ReadFile(filepath.Join(dir, "input.json"))
 			require.NoError(t, err)
 			var got string
-			if pl, err := loadPlan(input, goldenNode); err != nil {
+			pl, err := loadPlan(input, goldenNode)
+			if strings.HasPrefix(filepath.Base(dir), "error-") {
+				require.Error(t, err, "an error-* case must be refused")
 				got = "error: " + err.Error() + "\n"
 			} else {
+				require.NoError(t, err, "only error-* cases may be refused")
 				got = pl.describe()
 			}
 			golden := filepath.Join(dir, "output.golden")
