@@ -351,6 +351,10 @@ type stream[Req any] interface {
 	Recv() (Req, error)
 }
 
+// errNoType ends a stream whose request names no type: on an aggregated stream the type URL
+// says what a request asks for or answers (go-control-plane's ADS refuses it alike).
+var errNoType = status.Error(codes.InvalidArgument, "type URL is required for ADS")
+
 // serve runs one ADS stream: the first request identifies and admits the proxy; then the
 // stream's requests are handled by a reader goroutine (a blocking Recv cannot be selected
 // on, and the handler must stay free to end the stream) and pushes by the push workers,
@@ -363,6 +367,9 @@ func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req)
 			return nil
 		}
 		return err
+	}
+	if first.GetTypeUrl() == "" {
+		return errNoType
 	}
 	if first.GetTypeUrl() == HealthType {
 		return s.serveHealth(first.GetNode(), first, func() (healthReport, error) { return st.Recv() })
@@ -390,6 +397,9 @@ func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req)
 			defer c.turn.Unlock()
 			if c.closed {
 				return context.Canceled
+			}
+			if r.GetTypeUrl() == "" {
+				return errNoType
 			}
 			return onRequest(c, r)
 		}

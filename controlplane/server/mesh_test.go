@@ -1,0 +1,188 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/debug"
+	"github.com/wasmesh/wasmesh/controlplane/mesh"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
+)
+
+// The small mesh every test starts from: two services in namespace demo whose endpoints
+// are workloads (registered by the helper), so an endpoint change is a registry event, as
+// a proxy registering itself makes one.
+const (
+	frontendYAML = `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: frontend, namespace: demo}
+spec:
+  hosts: [frontend.demo.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 9080, name: http, targetPort: 8080}]
+  workloadSelector: {labels: {app: frontend}}
+`
+	backendYAML = `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: backend, namespace: demo}
+spec:
+  hosts: [backend.demo.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 9081, name: http, targetPort: 8081}]
+  workloadSelector: {labels: {app: backend}}
+`
+	extraYAML = `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: extra, namespace: demo}
+spec:
+  hosts: [extra.demo.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 9082, name: http}]
+  endpoints: [{address: 127.10.9.9}]
+`
+
+	frontendCluster = "outbound|9080||frontend.demo.svc.cluster.local"
+	backendCluster  = "outbound|9081||backend.demo.svc.cluster.local"
+	extraCluster    = "outbound|9082||extra.demo.svc.cluster.local"
+)
+
+// testMesh is an xDS server serving the small mesh on a loopback listener, and the levers
+// that change the mesh through the paths discovery wires: config files read by the
+// directory source (a full push) and workloads in the registry (an endpoints-only push).
+type testMesh struct {
+	t       *testing.T
+	srv     *server.Server
+	metrics *metrics.Metrics
+	entries *registry.ServiceEntries
+	configs *filedir.Source
+	dir     string
+	conn    *grpc.ClientConn
+	ads     discoverygrpc.AggregatedDiscoveryServiceClient
+}
+
+// newMesh is the one place that knows how a server is built (as discovery.New assembles
+// it): when the construction API changes, only this function does.
+func newMesh(t *testing.T) *testMesh {
+	t.Helper()
+	var logOut io.Writer = io.Discard
+	if os.Getenv("WASMESH_TEST_LOG") != "" {
+		logOut = os.Stderr
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	m := &testMesh{t: t, dir: t.TempDir(), metrics: metrics.New(prometheus.NewRegistry())}
+	m.writeFile("frontend.yaml", frontendYAML)
+	m.writeFile("backend.yaml", backendYAML)
+	m.configs = filedir.New(m.dir, log, m.metrics)
+	require.NoError(t, m.configs.Sync())
+	m.entries = registry.NewServiceEntries(log, m.metrics)
+	m.entries.SetConfigs(m.configs.List())
+	m.setWorkload("frontend", "frontend-1", "127.10.0.1")
+	m.setWorkload("backend", "backend-1", "127.10.0.2")
+	reg := registry.NewAggregate(m.entries)
+
+	opts := server.Defaults()
+	opts.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
+	// Tests reconnect at once on purpose; they are not proxies coming back after a restart.
+	opts.ReconnectWindow = 0
+	m.srv = server.New(log, m.metrics, opts, server.Deps{Registry: reg, Configs: m.configs, Mesh: mesh.Default})
+	reg.AddHandler(m.srv.RegistryHandler)
+	m.configs.AddHandler(func(changed map[config.Key]struct{}) {
+		keys := make([]config.Key, 0, len(changed))
+		for k := range changed {
+			keys = append(keys, k)
+		}
+		m.entries.UpdateConfigs(changed, m.configs.Get)
+		m.srv.ConfigUpdate(push.NewFull(push.ReasonConfig, keys...))
+	})
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran, served := make(chan struct{}), make(chan error, 1)
+	go func() { m.srv.Run(ctx); close(ran) }()
+	go func() { served <- server.Serve(ctx, m.srv.GRPCServer(), lis, time.Second) }()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		cc.Close()
+		cancel()
+		<-ran
+		require.NoError(t, <-served)
+	})
+	require.Eventually(t, m.srv.Ready, 10*time.Second, time.Millisecond)
+	m.conn, m.ads = cc, discoverygrpc.NewAggregatedDiscoveryServiceClient(cc)
+	return m
+}
+
+// in returns the mesh for a subtest: what it opens fails that test.
+func (m *testMesh) in(t *testing.T) *testMesh {
+	sub := *m
+	sub.t = t
+	return &sub
+}
+
+func (m *testMesh) writeFile(name, data string) {
+	require.NoError(m.t, os.WriteFile(filepath.Join(m.dir, name), []byte(data), 0o644))
+}
+
+// writeConfig changes a config file and has the source read it (a full push).
+func (m *testMesh) writeConfig(name, data string) {
+	m.writeFile(name, data)
+	require.NoError(m.t, m.configs.Sync())
+}
+
+// removeConfig deletes a config file and has the source read the directory (a full push).
+func (m *testMesh) removeConfig(name string) {
+	require.NoError(m.t, os.Remove(filepath.Join(m.dir, name)))
+	require.NoError(m.t, m.configs.Sync())
+}
+
+// setWorkload adds or updates a workload of app in demo (an endpoints-only push of its
+// service).
+func (m *testMesh) setWorkload(app, name, ip string) {
+	m.entries.SetWorkload(&model.Workload{Name: name, Namespace: "demo", Labels: map[string]string{"app": app}, IPs: []string{ip}})
+}
+
+// syncz returns what /debug/syncz shows of a proxy's connection, by short type ("cds", ...);
+// nil while the proxy is not connected.
+func (m *testMesh) syncz(proxyID string) map[string]server.TypeStatus {
+	rec := httptest.NewRecorder()
+	debug.Handler(debug.Deps{Server: m.srv}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/syncz", nil))
+	require.Equal(m.t, http.StatusOK, rec.Code)
+	var conns []debug.SyncStatus
+	require.NoError(m.t, json.Unmarshal(rec.Body.Bytes(), &conns))
+	for _, c := range conns {
+		if c.ProxyID == proxyID {
+			out := map[string]server.TypeStatus{}
+			for _, ts := range c.Types {
+				out[ts.Type] = ts
+			}
+			return out
+		}
+	}
+	return nil
+}
