@@ -325,7 +325,8 @@ func TestRefillOnTick(t *testing.T) {
 		e.do(t, "/")
 	}
 	const key = "wasmesh.quota/quota-test/d"
-	policy := e.vm.plugins[0].cfg.descriptors[0].policy
+	// The configured bucket, written here rather than read back from the filter's parse.
+	policy := &ratelimit.Policy{Algorithm: ratelimit.TokenBucket, MaxTokens: 3, TokensPerFill: 1, FillInterval: time.Second}
 	tokens, _ := bucketValue(t, key, policy)
 	require.Equal(t, uint32(0), tokens)
 
@@ -350,7 +351,9 @@ func TestTickRefreshesWindows(t *testing.T) {
 	e.clock.advance(5 * time.Second)
 	e.do(t, "/")
 	const key = "wasmesh.quota/quota-test/d"
-	policy := e.vm.plugins[0].cfg.descriptors[0].policy
+	// The configured window (slots of a tenth of it), written here rather than read back
+	// from the filter's parse.
+	policy := &ratelimit.Policy{Algorithm: ratelimit.RollingWindow, MaxAmount: 5, ValidDuration: 10 * time.Second, BucketDuration: time.Second}
 	used, _ := bucketValue(t, key, policy)
 	require.Equal(t, uint32(2), used)
 	e.clock.advance(5 * time.Second)
@@ -476,7 +479,7 @@ func TestCASConflictsRetryThenFailOpen(t *testing.T) {
 		})
 	require.Equal(t, types.OnPluginStartStatusOK, e.status)
 	const key = "wasmesh.quota/quota-test/d"
-	policy := e.vm.plugins[0].cfg.descriptors[0].policy
+	policy := &ratelimit.Policy{Algorithm: ratelimit.TokenBucket, MaxTokens: 5, TokensPerFill: 1, FillInterval: time.Minute}
 	failOpen := failOpenMetric("d", ratelimit.CASExhausted)
 
 	require.Equal(t, uint32(200), e.do(t, "/").status) // creates the bucket: 4 left

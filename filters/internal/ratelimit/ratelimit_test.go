@@ -99,10 +99,12 @@ type step struct {
 func TestDecideSequences(t *testing.T) {
 	for name, tc := range map[string]struct {
 		policy *Policy
+		limit  uint32 // the x-ratelimit-limit every decision reports
 		steps  []step
 	}{
 		"token bucket starts full, then refills per interval": {
 			policy: bucket(3, 2, time.Second),
+			limit:  3,
 			steps: []step{
 				{0, true, 2, time.Second},
 				{0, true, 1, time.Second},
@@ -118,10 +120,12 @@ func TestDecideSequences(t *testing.T) {
 		},
 		"token bucket with zero max_tokens always denies": {
 			policy: bucket(0, 1, time.Second),
+			limit:  0,
 			steps:  []step{{0, false, 0, time.Second}, {5 * time.Second, false, 0, time.Second}},
 		},
 		"fixed window aligned to the epoch grid": {
 			policy: fixed(2, time.Minute),
+			limit:  2,
 			steps: []step{
 				{0, true, 1, time.Minute},
 				{30 * time.Second, true, 0, 30 * time.Second},
@@ -134,6 +138,7 @@ func TestDecideSequences(t *testing.T) {
 		},
 		"rolling window frees use slot by slot": {
 			policy: rolling(3, 10*time.Second, time.Second),
+			limit:  3,
 			steps: []step{
 				{0, true, 2, 10 * time.Second},
 				{5 * time.Second, true, 1, 5 * time.Second},
@@ -154,7 +159,7 @@ func TestDecideSequences(t *testing.T) {
 			req := &Request{Key: "k", Policy: tc.policy}
 			for i, s := range tc.steps {
 				d := l.Decide(req, epoch.Add(s.at))
-				want := Decision{Allowed: s.allowed, Limit: tc.policy.Limit(), Remaining: s.remaining, Reset: s.reset}
+				want := Decision{Allowed: s.allowed, Limit: tc.limit, Remaining: s.remaining, Reset: s.reset}
 				assert.Equal(t, want, d, "step %d at %v", i, s.at)
 			}
 		})
