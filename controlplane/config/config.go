@@ -105,7 +105,8 @@ func CompareKeys(a, b Key) int {
 func KeyLess(a, b Key) bool { return CompareKeys(a, b) < 0 }
 
 // Error is a rejected document: it names the file, the document (1-based) and, when known,
-// the config and the field at fault.
+// the config and the field at fault. An object from an API server (FromObject) has no
+// document (Doc 0): File names the object.
 type Error struct {
 	File  string
 	Doc   int
@@ -117,8 +118,10 @@ type Error struct {
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString(e.File)
-	fmt.Fprintf(&b, ": document %d", e.Doc)
-	if e.Key != nil {
+	if e.Doc > 0 {
+		fmt.Fprintf(&b, ": document %d", e.Doc)
+	}
+	if e.Key != nil && e.Doc > 0 { // without a document, File names the object (FromObject)
 		fmt.Fprintf(&b, " (%s)", e.Key)
 	}
 	b.WriteString(": ")

@@ -170,6 +170,18 @@ func parseDocument(file string, index int, doc []byte) Document {
 	if err := dec.Decode(&h); err != nil {
 		return fail("", fmt.Errorf("invalid resource: %w", err))
 	}
+	c, field, err := configOf(h, DocumentSource(file, index))
+	if err != nil {
+		return fail(field, err)
+	}
+	d.Config = c
+	return d
+}
+
+// configOf checks the envelope h (kind, apiVersion, name, namespace), decodes its spec into
+// the kind's istio.io/api message and validates it. A failure names the field at fault.
+func configOf(h header, source string) (*Config, string, error) {
+	fail := func(field string, err error) (*Config, string, error) { return nil, field, err }
 	if h.Kind == "" {
 		return fail("kind", errors.New("missing"))
 	}
@@ -210,16 +222,15 @@ func parseDocument(file string, index int, doc []byte) Document {
 			return fail("spec."+fe.Field, fe.Err)
 		}
 	}
-	d.Config = &Config{
+	return &Config{
 		Meta: Meta{
 			Kind: Kind(h.Kind), Group: group, Version: version,
 			Name: h.Metadata.Name, Namespace: ns,
 			Labels: h.Metadata.Labels, Annotations: h.Metadata.Annotations,
-			Source: DocumentSource(file, index),
+			Source: source,
 		},
 		Spec: spec,
-	}
-	return d
+	}, "", nil
 }
 
 // DocumentSource names where a config came from: its file and document ("file#document",
