@@ -94,7 +94,7 @@ test-unit: build fixtures kube-bin
 # registry, the Wasm host, the agent's supervisor and sidecar, meshproxy's listeners and
 # upstreams.
 RACE_PKGS := controlplane:./server/...,./push/...,./registry/...,./discovery/... \
-	wasm:./host/... \
+	wasm:./host \
 	agent:./supervisor/...,./sidecar/...,./drain/...,./envoyproc/... \
 	testenv:./proxy/listener/...,./proxy/upstream/...,./proxy/hcm/...
 test-race: build fixtures

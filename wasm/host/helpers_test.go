@@ -150,6 +150,11 @@ func newFixture(tb testing.TB, guest string, cfg PluginConfig, env Environment) 
 	if cfg.Name == "" {
 		cfg.Name = guest
 	}
+	if cfg.CallbackTimeout == 0 {
+		// Tests about deadlines set their own; the others must not hit one on a loaded
+		// machine or under the race detector (a Go guest's start-up takes seconds there).
+		cfg.CallbackTimeout = time.Minute
+	}
 	p, err := rt.NewPlugin(ctx, mod, cfg, env)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = p.Close(context.Background()) })
