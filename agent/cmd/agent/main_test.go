@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -137,9 +138,28 @@ type sidecarProcess struct {
 	cmd    *exec.Cmd
 	ip     string
 	dir    string
-	logs   *bytes.Buffer
+	logs   *lockedBuffer
 	exited chan error    // the agent's exit, for the test to receive
 	done   chan struct{} // closed once the agent has exited
+}
+
+// lockedBuffer is the agent's output: os/exec copies into it from its own goroutine while
+// the test reads it for messages.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func startSidecar(t *testing.T) *sidecarProcess {
@@ -153,7 +173,7 @@ func startSidecar(t *testing.T) *sidecarProcess {
 	cmd.Env = append(os.Environ(), "POD_NAME=web-1", "POD_NAMESPACE=shop", "INSTANCE_IP="+ip,
 		"WASMESH_LOCALHOST="+ip, "WASMESH_WILDCARD="+ip, "TESTPROXY_CONFIG_ON_START=1",
 		`PROXY_CONFIG={"terminationDrainDuration":"0.2s"}`)
-	s := &sidecarProcess{cmd: cmd, ip: ip, dir: dir, logs: &bytes.Buffer{},
+	s := &sidecarProcess{cmd: cmd, ip: ip, dir: dir, logs: &lockedBuffer{},
 		exited: make(chan error, 1), done: make(chan struct{})}
 	cmd.Stderr, cmd.Stdout = s.logs, s.logs
 	// The proxy inherits the output pipe; do not wait on it forever if it outlives the agent.
