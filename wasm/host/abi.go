@@ -67,6 +67,93 @@ func (a Action) String() string {
 // MarshalText renders the action by name (for reports).
 func (a Action) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
 
+// FilterStatus is what a stream callback returned, read as proxy-wasm-cpp-host reads it for
+// the callback's kind: FilterHeadersStatus for the header callbacks, FilterDataStatus for
+// the body callbacks, FilterTrailersStatus for the trailer callbacks and FilterStatus for
+// the connection callbacks. The values of the kinds overlap; 0 continues in every kind.
+type FilterStatus uint32
+
+// StatusContinue continues, whatever the callback.
+const StatusContinue FilterStatus = 0
+
+// Header callback statuses (FilterHeadersStatus). ContinueAndEndStream (2) reads as
+// Continue, as in Envoy.
+const (
+	// HeadersStopIteration stops the headers; the body still reaches the filter, whose
+	// first body callback that continues lets the headers go on with it.
+	HeadersStopIteration FilterStatus = 1
+	// HeadersStopAllIterationAndBuffer stops the headers and everything after them; the
+	// proxy keeps the body for the filter up to its buffer limit (413/500 beyond).
+	HeadersStopAllIterationAndBuffer FilterStatus = 3
+	// HeadersStopAllIterationAndWatermark is HeadersStopAllIterationAndBuffer with flow
+	// control instead of the limit.
+	HeadersStopAllIterationAndWatermark FilterStatus = 4
+)
+
+// Body callback statuses (FilterDataStatus).
+const (
+	// DataStopIterationAndBuffer holds the body; the guest sees everything held so far in
+	// its next body callback. Past the buffer limit the stream gets 413 or 500.
+	DataStopIterationAndBuffer FilterStatus = 1
+	// DataStopIterationAndWatermark holds the body with flow control instead of a limit.
+	DataStopIterationAndWatermark FilterStatus = 2
+	// DataStopIterationNoBuffer stops without the proxy buffering the chunk for the filter.
+	DataStopIterationNoBuffer FilterStatus = 3
+)
+
+// TrailersStopIteration stops the trailers (FilterTrailersStatus); also the one stop of the
+// connection callbacks.
+const TrailersStopIteration FilterStatus = 1
+
+// callbackKind says how a stream callback's return value reads.
+type callbackKind uint8
+
+const (
+	kindHeaders callbackKind = iota
+	kindData
+	kindTrailers
+	kindConnection
+)
+
+// status converts a callback's return value as proxy-wasm-cpp-host and Envoy do: values past
+// a kind's last stop read as that stop, and a header callback's StopIteration reads as
+// StopAllIterationAndWatermark unless allowStopIteration.
+func (k callbackKind) status(ret uint64, allowStopIteration bool) FilterStatus {
+	switch k {
+	case kindHeaders:
+		switch {
+		case ret == 0 || ret == 2:
+			return StatusContinue
+		case ret == uint64(HeadersStopIteration) && allowStopIteration:
+			return HeadersStopIteration
+		case ret == uint64(HeadersStopAllIterationAndBuffer):
+			return HeadersStopAllIterationAndBuffer
+		}
+		return HeadersStopAllIterationAndWatermark
+	case kindData:
+		if ret > uint64(DataStopIterationNoBuffer) {
+			return DataStopIterationNoBuffer
+		}
+		return FilterStatus(ret)
+	}
+	if ret == 0 {
+		return StatusContinue
+	}
+	return TrailersStopIteration
+}
+
+// stop is the status Envoy gives a callback of kind k after a local reply or a fail-closed
+// failure, whatever the guest returned.
+func (k callbackKind) stop() FilterStatus {
+	switch k {
+	case kindHeaders:
+		return HeadersStopAllIterationAndWatermark
+	case kindData:
+		return DataStopIterationNoBuffer
+	}
+	return TrailersStopIteration
+}
+
 // MapType is proxy_map_type_t.
 type MapType uint32
 

@@ -46,6 +46,11 @@ type PluginConfig struct {
 	MemoryLimit uint64
 	// Metrics is where the guest's metrics go; nil gives the plugin its own store.
 	Metrics *Metrics
+	// AllowOnHeadersStopIteration lets a header callback's StopIteration (the SDKs' Pause)
+	// stop the headers alone, the body still reaching the filter, as Envoy's
+	// allow_on_headers_stop_iteration does; by default it stops everything that follows too
+	// (StopAllIterationAndWatermark), as Envoy has since proxy-wasm-cpp-host#95.
+	AllowOnHeadersStopIteration bool
 }
 
 // Environment is what the embedding proxy provides to its plugins. Every field is optional.

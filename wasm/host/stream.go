@@ -83,6 +83,9 @@ type Signal struct {
 type Result struct {
 	// Action is what the filter returned, or what the failure policy decided.
 	Action Action
+	// Status is the callback's return value as Envoy reads it for the callback's kind (see
+	// FilterStatus): a stop whenever the guest sent a local reply or failed closed.
+	Status FilterStatus
 	// LocalResponse is set when the filter sent a local reply during the callback (the
 	// first one wins), or when the plugin failed closed.
 	LocalResponse *LocalResponse
@@ -254,9 +257,9 @@ func (p *Plugin) newStream(s *streamCore, opts StreamOptions, attach func(*guest
 	return nil
 }
 
-// run calls one stream callback with the instance entered. prepare runs first (to install
-// the headers or data the callback will see); args are the callback arguments.
-func (s *streamCore) run(cb string, prepare func(), args ...uint64) (res Result, called bool) {
+// run calls one stream callback of kind k with the instance entered. prepare runs first
+// (to install the headers or data the callback will see); args are the callback arguments.
+func (s *streamCore) run(cb string, k callbackKind, prepare func(), args ...uint64) (res Result, called bool) {
 	if s.done {
 		return Result{Action: Continue, Skipped: true}, false
 	}
@@ -264,13 +267,13 @@ func (s *streamCore) run(cb string, prepare func(), args ...uint64) (res Result,
 		if s.failReported {
 			return Result{Action: Continue, Skipped: true}, false
 		}
-		return s.failResult(s.failed), false
+		return s.failResult(s.failed, k), false
 	}
 	if s.v == nil || !s.v.alive() {
 		// The VM went away without telling us (it cannot, but be safe).
 		f := &Failure{Kind: FailureUnavailable, Plugin: s.p.cfg.Name, Callback: cb, Instance: s.in.idx, Err: ErrUnavailable}
 		s.failed = f
-		return s.failResult(f), false
+		return s.failResult(f, k), false
 	}
 	if prepare != nil {
 		prepare()
@@ -283,28 +286,34 @@ func (s *streamCore) run(cb string, prepare func(), args ...uint64) (res Result,
 	if err != nil {
 		f := s.in.fail(v, err, s)
 		s.failed = f
-		return s.failResult(f), false
+		return s.failResult(f, k), false
+	}
+	if exported {
+		res.Status = k.status(ret, s.p.cfg.AllowOnHeadersStopIteration)
 	}
 	res.Action = Continue
-	if exported && ret != 0 && ret != 2 {
-		// 1 is Pause (StopIteration); Envoy's other stop values (3, 4) stop too. 2 is
-		// ContinueAndEndStream, which continues.
+	if res.Status != StatusContinue {
 		res.Action = Pause
+	}
+	if local != nil {
+		// Envoy stops the stream's iteration after a local reply, whatever the guest returned.
+		res.Status = k.stop()
 	}
 	res.LocalResponse = local
 	res.Signals = signals
 	return res, exported
 }
 
-// failResult applies the plugin's failure policy to a stream's first report of its failure.
-func (s *streamCore) failResult(f *Failure) Result {
+// failResult applies the plugin's failure policy to a stream's first report of its failure
+// in a callback of kind k.
+func (s *streamCore) failResult(f *Failure, k callbackKind) Result {
 	s.failReported = true
 	if s.p.cfg.FailOpen {
 		s.p.count(func(st *PluginStats) { st.FailedOpen++ })
 		return Result{Action: Continue, Failure: f}
 	}
 	s.p.count(func(st *PluginStats) { st.FailedClosed++ })
-	return Result{Action: Pause, Failure: f, LocalResponse: failClosedReply()}
+	return Result{Action: Pause, Status: k.stop(), Failure: f, LocalResponse: failClosedReply()}
 }
 
 // finish runs the end-of-stream callbacks in order and forgets the context.
@@ -485,7 +494,11 @@ func (s *HTTPStream) deliverMap(fn string, phase streamPhase, slot **Headers, m 
 	if eosArg {
 		n = 3
 	}
-	res, _ := s.run(fn, func() {
+	k := kindTrailers
+	if eosArg {
+		k = kindHeaders
+	}
+	res, _ := s.run(fn, k, func() {
 		*slot, s.phase, s.eos = m, phase, endOfStream
 	}, args[:n]...)
 	if *slot == nil {
@@ -505,7 +518,7 @@ func (s *HTTPStream) deliverBody(fn string, phase streamPhase, body *[]byte, buf
 	} else {
 		*body = append([]byte(nil), chunk...)
 	}
-	res, _ := s.run(fn, func() {
+	res, _ := s.run(fn, kindData, func() {
 		s.phase, s.eos = phase, endOfStream
 	}, uint64(s.id), uint64(len(*body)), b2u(endOfStream))
 	if res.Action == Continue {
@@ -545,7 +558,7 @@ func (p *Plugin) NewNetworkStream(ctx context.Context, opts StreamOptions) (*Net
 func (s *NetworkStream) OnNewConnection(ctx context.Context) Result {
 	s.in.enter()
 	defer s.in.leave()
-	res, _ := s.run(fnOnNewConnection, nil, uint64(s.id))
+	res, _ := s.run(fnOnNewConnection, kindConnection, nil, uint64(s.id))
 	return res
 }
 
@@ -569,7 +582,7 @@ func (s *NetworkStream) data(buf *[]byte, buffering *bool, cb string, chunk []by
 	} else {
 		*buf = append([]byte(nil), chunk...)
 	}
-	res, _ := s.run(cb, func() { s.eos = eos }, uint64(s.id), uint64(len(*buf)), b2u(eos))
+	res, _ := s.run(cb, kindConnection, func() { s.eos = eos }, uint64(s.id), uint64(len(*buf)), b2u(eos))
 	if res.Action == Continue {
 		res.Body, *buf, *buffering = *buf, nil, false
 	} else {
@@ -582,14 +595,14 @@ func (s *NetworkStream) data(buf *[]byte, buffering *bool, cb string, chunk []by
 func (s *NetworkStream) OnDownstreamClose(ctx context.Context, peer PeerType) {
 	s.in.enter()
 	defer s.in.leave()
-	s.run(fnOnDownstreamClose, nil, uint64(s.id), uint64(peer))
+	s.run(fnOnDownstreamClose, kindConnection, nil, uint64(s.id), uint64(peer))
 }
 
 // OnUpstreamClose calls proxy_on_upstream_connection_close.
 func (s *NetworkStream) OnUpstreamClose(ctx context.Context, peer PeerType) {
 	s.in.enter()
 	defer s.in.leave()
-	s.run(fnOnUpstreamClose, nil, uint64(s.id), uint64(peer))
+	s.run(fnOnUpstreamClose, kindConnection, nil, uint64(s.id), uint64(peer))
 }
 
 // Finish ends the connection: proxy_on_done, proxy_on_log, proxy_on_delete (Envoy's
