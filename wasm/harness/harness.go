@@ -51,6 +51,10 @@ type Options struct {
 	ForeignFunctions map[string]host.ForeignFunction
 	// Logger, if set, also receives the plugin's logs.
 	Logger *slog.Logger
+	// BufferLimit is how much body the filter may hold per direction before the request
+	// gets Envoy's 413 (or the response its 500, or a reset), as Envoy's
+	// per_connection_buffer_limit_bytes; 0 means no limit.
+	BufferLimit int
 }
 
 // HTTPCallHandler decides how the "upstream" of an HTTP call answers.

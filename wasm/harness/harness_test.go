@@ -235,3 +235,41 @@ func TestTicksAndSharedDataAcrossInstances(t *testing.T) {
 	}
 	assert.Equal(t, "4", string(h.SharedData()["counter"]))
 }
+
+// The harness runs the stream as meshproxy does (httpfilter): a body held past the buffer
+// limit gets Envoy's 413, a reply from the response path of the filter's own local reply
+// replaces it, and a reply after the response headers went on resets the stream.
+func TestStreamSemanticsShared(t *testing.T) {
+	h := newHarness(t, Options{BufferLimit: 8})
+	rep, err := h.Do(context.Background(), Request{Method: "POST", Headers: [][2]string{{"x-op", "buffer-body"}},
+		Body: [][]byte{[]byte("12345"), []byte("67890"), []byte("!")}})
+	require.NoError(t, err)
+	assert.Nil(t, rep.Upstream)
+	assert.Equal(t, 413, rep.Status)
+	assert.Equal(t, "request_payload_too_large", rep.LocalResponse.Details)
+	assert.Equal(t, "Payload Too Large", string(rep.Client.Body))
+	assert.Len(t, phasesOf(rep, PhaseRequestBody), 1, "the guest never sees the chunk past the limit")
+
+	rep, err = h.Do(context.Background(), Request{Headers: [][2]string{{"x-op", "local,resp-local"}}})
+	require.NoError(t, err)
+	assert.Equal(t, 502, rep.Status)
+	assert.Equal(t, "replaced", string(rep.Client.Body))
+	assert.Equal(t, "replaced by test", rep.LocalResponse.Details)
+
+	rep, err = h.Do(context.Background(), Request{Headers: [][2]string{{"x-op", "resp-buffer"}},
+		Response: Response{Body: [][]byte{[]byte("0123456789")}, Trailers: [][2]string{{"t", "1"}}}})
+	require.NoError(t, err)
+	assert.True(t, rep.Closed, "the response headers went on before its body outgrew the limit")
+	assert.Equal(t, "response_payload_too_large", rep.CloseDetails)
+	assert.Equal(t, 0, rep.Status)
+}
+
+func phasesOf(r *Report, p Phase) []PhaseReport {
+	var out []PhaseReport
+	for _, ph := range r.Phases {
+		if ph.Phase == p {
+			out = append(out, ph)
+		}
+	}
+	return out
+}

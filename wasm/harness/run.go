@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/wasmesh/wasmesh/wasm/host"
+	"github.com/wasmesh/wasmesh/wasm/httpfilter"
 )
 
 // Request is one HTTP exchange to drive through the plugin.
@@ -129,12 +130,16 @@ type Report struct {
 	// Client is the response as the client saw it (Status 0 if it got none).
 	Client ClientResponse `json:"client"`
 	// LocalResponse is the local reply that answered the request instead of the upstream
-	// (sent by the filter, or the fail-closed 503).
+	// (sent by the filter, the fail-closed 503, or Envoy's 413 or 500 for a body the filter
+	// held past the buffer limit).
 	LocalResponse *host.LocalResponse `json:"localResponse,omitempty"`
 	// Status is the final HTTP status the client got (0 when none).
 	Status int `json:"status"`
-	// Closed reports that the guest reset the stream (proxy_close_stream).
-	Closed bool `json:"closed,omitempty"`
+	// Closed reports that the stream was reset: the guest called proxy_close_stream, or a
+	// local reply (or a body past the buffer limit) came after the response headers had gone
+	// on. CloseDetails says which (wasm_close_stream, or the reply's details).
+	Closed       bool   `json:"closed,omitempty"`
+	CloseDetails string `json:"closeDetails,omitempty"`
 	// Stalled names the phase that paused and was never resumed within MaxWait.
 	Stalled Phase `json:"stalled,omitempty"`
 	// Failures are the guest failures that affected this request.
@@ -193,32 +198,47 @@ func (b *signalBox) take() (host.Signal, bool) {
 	return s, true
 }
 
-// outcome is how a phase ended for the stream.
+// outcome is how the exchange stands.
 type outcome int
 
 const (
-	proceed  outcome = iota // forward and go on
-	answered                // a local reply answers the request
-	closed                  // the guest reset the stream
-	stalled                 // paused and never resumed
+	proceed  outcome = iota // the stream goes on
+	answered                // the filter's local reply is to go through the response path
+	replaced                // a local reply replaced the response (Report.Client holds it)
+	closed                  // the stream was reset
+	stalled                 // the filter held the stream and never let go within MaxWait
 )
 
+// run is one request's way through the plugin: the harness's I/O around the stream's
+// httpfilter.Filter, which decides what every callback's result means.
 type run struct {
-	h     *Harness
-	s     *host.HTTPStream
-	sig   *signalBox
-	rep   *Report
-	req   *Request
-	local *host.LocalResponse
-	// inLocal is set while the local reply runs through the response callbacks.
+	h    *Harness
+	s    *host.HTTPStream
+	f    *httpfilter.Filter
+	sig  *signalBox
+	rep  *Report
+	req  *Request
+	reqH *host.Headers
+	out  outcome
+	// local is the filter's local reply, encoded through the response path (inLocal).
+	local   *host.LocalResponse
 	inLocal bool
+	// last is the index in rep.Phases of each direction's last callback (-1: none); body is
+	// what each direction forwarded.
+	last [2]int
+	body [2][]byte
 }
+
+var phaseNames = [...]Phase{PhaseRequestHeaders, PhaseRequestBody, PhaseRequestTrailers,
+	PhaseResponseHeaders, PhaseResponseBody, PhaseResponseTrailers}
 
 // Do runs one request through the plugin: request headers, body chunks and trailers, the
 // upstream (unless the filter answered locally), response headers, body chunks and trailers,
-// then proxy_on_log, proxy_on_done and proxy_on_delete. A local reply sent from the
-// request path goes through the response callbacks, as Envoy encodes it through the filter
-// chain; one sent from the response path replaces the response directly.
+// then proxy_on_log, proxy_on_done and proxy_on_delete. What each callback's result means
+// (Continue, the stops, resuming, local replies, resets, failures) is Envoy's, as
+// httpfilter decides it. A local reply sent from the request path goes through the response
+// callbacks, as Envoy encodes it through the filter chain; one sent from the response path
+// replaces the response directly, or resets the stream once the response headers went on.
 func (h *Harness) Do(ctx context.Context, req Request) (*Report, error) {
 	h.mu.Lock()
 	logMark, callMark := len(h.logs), len(h.calls)
@@ -232,14 +252,15 @@ func (h *Harness) Do(ctx context.Context, req Request) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("harness: %w", err)
 	}
-	r := &run{h: h, s: s, sig: box, rep: &Report{Worker: s.Worker()}, req: &req}
+	r := &run{h: h, s: s, sig: box, rep: &Report{Worker: s.Worker()}, req: &req, last: [2]int{-1, -1}}
+	r.f = httpfilter.New(s, httpfilter.Config{BufferLimit: h.opts.BufferLimit, OnCallback: r.record, OnFailure: r.addFailure})
 	r.exchange(ctx)
 	start := req.Info.StartTime
 	s.UpdateInfo(func(i *host.StreamInfo) { i.Duration = h.clock.Now().Sub(start) })
-	s.Finish(ctx)
+	r.f.Finish(ctx)
 	r.rep.Phases = append(r.rep.Phases, PhaseReport{Phase: PhaseLog})
-	if f := s.Failed(); f != nil && !r.hasFailure(f) {
-		r.rep.Failures = append(r.rep.Failures, f)
+	if f := s.Failed(); f != nil {
+		r.addFailure(f)
 	}
 
 	h.mu.Lock()
@@ -256,144 +277,122 @@ func (h *Harness) Do(ctx context.Context, req Request) (*Report, error) {
 	return r.rep, nil
 }
 
-func (r *run) hasFailure(f *host.Failure) bool {
+func (r *run) addFailure(f *host.Failure) {
 	for _, g := range r.rep.Failures {
 		if g == f {
-			return true
+			return
 		}
 	}
-	return false
+	r.rep.Failures = append(r.rep.Failures, f)
 }
 
-// phase records a callback's result and decides what happens next, waiting for the guest
-// to resume a paused stream.
-func (r *run) phase(p Phase, res host.Result, dir host.StreamType) outcome {
-	pr := PhaseReport{Phase: p, Action: res.Action, LocalResponse: res.LocalResponse, Signals: res.Signals,
-		Failure: res.Failure, Skipped: res.Skipped, LocalReply: r.inLocal}
-	if res.Failure != nil && !r.hasFailure(res.Failure) {
-		r.rep.Failures = append(r.rep.Failures, res.Failure)
+// record reports one callback.
+func (r *run) record(cb httpfilter.Callback) {
+	res, dir := cb.Result, cb.Phase.Dir()
+	r.last[dir] = len(r.rep.Phases)
+	r.rep.Phases = append(r.rep.Phases, PhaseReport{Phase: phaseNames[cb.Phase], Action: res.Action,
+		LocalResponse: res.LocalResponse, Signals: res.Signals, Failure: res.Failure, Skipped: res.Skipped,
+		LocalReply: r.inLocal && dir == host.StreamResponse})
+}
+
+// apply collects what the filter let go on and how an event decided the stream.
+func (r *run) apply(v httpfilter.Verdict) {
+	for dir := host.StreamRequest; dir <= host.StreamResponse; dir++ {
+		r.body[dir] = append(r.body[dir], r.f.Take(dir).Data...)
 	}
-	out := proceed
-	switch {
-	case res.LocalResponse != nil && !r.inLocal:
-		r.local = res.LocalResponse
-		out = answered
-	case hasSignal(res.Signals, host.SignalClose):
-		out = closed
-	case res.Action == host.Pause && !hasSignal(res.Signals, host.SignalContinue, dir):
-		before := r.h.clock.Now()
-		out = r.wait(dir)
-		pr.Waited = r.h.clock.Now().Sub(before)
-		pr.Resumed = out == proceed
-		if out == stalled {
-			r.rep.Stalled = p
+	switch v.Kind {
+	case httpfilter.LocalReply:
+		r.local, r.out = v.Reply, answered
+	case httpfilter.DirectReply:
+		r.rep.LocalResponse, r.rep.Client = v.Reply, directReply(v.Reply, r.reqH)
+		r.out = replaced
+	case httpfilter.Reset:
+		r.rep.Closed, r.rep.CloseDetails = true, v.Details
+		r.out = closed
+	}
+}
+
+// direction feeds one direction to the filter (headers, body chunks, trailers), letting the
+// guest's signals in, and virtual time pass, whenever the filter holds it, until the
+// direction went through or the stream's fate was decided.
+func (r *run) direction(ctx context.Context, dir host.StreamType, h *host.Headers, body [][]byte, trailers *host.Headers) {
+	f := r.f
+	r.apply(f.Headers(ctx, dir, h, len(body) == 0 && trailers == nil))
+	ready := func() bool { return f.Accepting(dir) || !f.Held(dir) }
+	for i, chunk := range body {
+		if !r.wait(ctx, dir, ready) || !f.Accepting(dir) {
+			return
 		}
+		r.apply(f.Data(ctx, dir, chunk, i == len(body)-1 && trailers == nil))
 	}
-	r.rep.Phases = append(r.rep.Phases, pr)
-	return out
-}
-
-func hasSignal(sigs []host.Signal, kind host.SignalKind, dir ...host.StreamType) bool {
-	for _, s := range sigs {
-		if s.Kind == kind && (len(dir) == 0 || s.Stream == dir[0]) {
-			return true
+	if trailers != nil {
+		if !r.wait(ctx, dir, ready) || !f.Accepting(dir) {
+			return
 		}
+		r.apply(f.Trailers(ctx, dir, trailers))
 	}
-	return false
+	r.wait(ctx, dir, func() bool { return !f.Held(dir) })
 }
 
-// wait lets virtual time pass (firing HTTP call answers, timeouts and ticks) until the
-// guest resumes direction dir, answers or resets the stream, or MaxWait runs out.
-func (r *run) wait(dir host.StreamType) outcome {
+// wait lets the guest's signals in, and virtual time pass (firing HTTP call answers,
+// timeouts and ticks) while needed, until cond holds, the stream's fate is decided, or
+// MaxWait runs out (the stream stalled). The callback that held direction dir records how
+// long that took and whether the guest let go. It reports whether the stream goes on with
+// cond met.
+func (r *run) wait(ctx context.Context, dir host.StreamType, cond func() bool) bool {
+	held, at, before := r.f.Held(dir), r.last[dir], r.h.clock.Now()
 	maxWait := r.req.MaxWait
 	if maxWait == 0 {
 		maxWait = DefaultMaxWait
 	}
-	limit := r.h.clock.Now().Add(maxWait)
+	limit := before.Add(maxWait)
 	for {
-		for {
+		for r.out == proceed {
 			sig, ok := r.sig.take()
 			if !ok {
 				break
 			}
-			switch sig.Kind {
-			case host.SignalContinue:
-				if sig.Stream == dir {
-					return proceed
-				}
-			case host.SignalClose:
-				return closed
-			case host.SignalLocalResponse:
-				if !r.inLocal {
-					r.local = sig.LocalResponse
-					return answered
-				}
-			case host.SignalFailed:
-				if sig.Failure != nil && !r.hasFailure(sig.Failure) {
-					r.rep.Failures = append(r.rep.Failures, sig.Failure)
-				}
-				if sig.LocalResponse != nil && !r.inLocal {
-					r.local = sig.LocalResponse
-					return answered
-				}
-				return proceed
-			}
+			r.apply(r.f.Signal(ctx, sig))
+		}
+		if r.out != proceed || cond() {
+			break
 		}
 		due, ok := r.h.clock.NextDue()
 		if maxWait < 0 || !ok || due.After(limit) {
-			return stalled
+			r.out = stalled
+			break
 		}
 		r.h.clock.AdvanceToNext()
 	}
+	if held && at >= 0 {
+		p := &r.rep.Phases[at]
+		p.Waited += r.h.clock.Now().Sub(before)
+		p.Resumed = p.Resumed || r.out == proceed && !r.f.Held(dir)
+		if r.out == stalled {
+			r.rep.Stalled = p.Phase
+		}
+	}
+	return r.out == proceed && cond()
 }
 
 func (r *run) exchange(ctx context.Context) {
 	req := r.req
-	s := r.s
-	reqH := host.NewHeaders(requestHeaders(req)...)
-	hasBody, hasTrailers := len(req.Body) > 0, len(req.Trailers) > 0
-
-	out := r.phase(PhaseRequestHeaders, s.OnRequestHeaders(ctx, reqH, !hasBody && !hasTrailers), host.StreamRequest)
-	var forwarded []byte
-	for i, chunk := range req.Body {
-		if out != proceed {
-			break
-		}
-		eos := i == len(req.Body)-1 && !hasTrailers
-		res := s.OnRequestBody(ctx, chunk, eos)
-		if res.Action == host.Continue {
-			forwarded = append(forwarded, res.Body...)
-		}
-		// A paused body keeps receiving chunks (the host buffers them); only the end of the
-		// stream waits for the guest.
-		if res.Action == host.Pause && !eos && res.LocalResponse == nil && !hasSignal(res.Signals, host.SignalClose) {
-			r.rep.Phases = append(r.rep.Phases, PhaseReport{Phase: PhaseRequestBody, Action: res.Action, Signals: res.Signals})
-			continue
-		}
-		out = r.phase(PhaseRequestBody, res, host.StreamRequest)
-		if out == proceed && res.Action == host.Pause {
-			forwarded = append(forwarded, s.TakeBufferedBody(host.StreamRequest)...)
-		}
+	r.reqH = host.NewHeaders(requestHeaders(req)...)
+	var reqT *host.Headers
+	if len(req.Trailers) > 0 {
+		reqT = host.NewHeaders(req.Trailers...)
 	}
-	if out == proceed && hasTrailers {
-		out = r.phase(PhaseRequestTrailers, s.OnRequestTrailers(ctx, host.NewHeaders(req.Trailers...)), host.StreamRequest)
-	}
-	if out == proceed {
-		forwarded = append(forwarded, s.TakeBufferedBody(host.StreamRequest)...)
-	}
-	switch out {
-	case closed:
-		r.rep.Closed = true
-		return
-	case stalled:
-		return
+	r.direction(ctx, host.StreamRequest, r.reqH, req.Body, reqT)
+	switch r.out {
 	case answered:
-		r.localReply(ctx, reqH)
+		r.localReply(ctx)
+		return
+	case proceed:
+	default:
 		return
 	}
-
-	up := UpstreamRequest{Headers: reqH.Pairs(), Body: forwarded}
-	if t := s.RequestTrailers(); t != nil {
+	up := UpstreamRequest{Headers: r.reqH.Pairs(), Body: r.body[host.StreamRequest]}
+	if t := trailersOf(reqT, r.s.RequestTrailers()); t != nil {
 		up.Trailers = t.Pairs()
 	}
 	r.rep.Upstream = &up
@@ -404,57 +403,35 @@ func (r *run) exchange(ctx context.Context) {
 	if resp.Status == 0 {
 		resp.Status = 200
 	}
-	headers := append([][2]string{{":status", strconv.Itoa(resp.Status)}}, resp.Headers...)
-	out = r.response(ctx, headers, resp.Body, resp.Trailers)
-	switch out {
-	case closed:
-		r.rep.Closed = true
-		r.rep.Client = ClientResponse{}
-	case answered:
-		// A reply sent while encoding the upstream response replaces it directly.
-		r.rep.LocalResponse = r.local
-		r.rep.Client = directReply(r.local, reqH)
-	case stalled:
-		r.rep.Client = ClientResponse{}
+	r.response(ctx, append([][2]string{{":status", strconv.Itoa(resp.Status)}}, resp.Headers...), resp.Body, resp.Trailers)
+}
+
+// trailersOf is the trailers a direction forwards: those it had, or those the guest added
+// at the end of its body.
+func trailersOf(had, added *host.Headers) *host.Headers {
+	if had != nil {
+		return had
 	}
+	return added
 }
 
 // response runs a response through the response callbacks and records what the client
 // gets.
-func (r *run) response(ctx context.Context, headers [][2]string, body [][]byte, trailers [][2]string) outcome {
-	s := r.s
+func (r *run) response(ctx context.Context, headers [][2]string, body [][]byte, trailers [][2]string) {
 	respH := host.NewHeaders(headers...)
-	hasBody, hasTrailers := len(body) > 0, len(trailers) > 0
-	out := r.phase(PhaseResponseHeaders, s.OnResponseHeaders(ctx, respH, !hasBody && !hasTrailers), host.StreamResponse)
-	var forwarded []byte
-	for i, chunk := range body {
-		if out != proceed {
-			break
-		}
-		eos := i == len(body)-1 && !hasTrailers
-		res := s.OnResponseBody(ctx, chunk, eos)
-		if res.Action == host.Continue {
-			forwarded = append(forwarded, res.Body...)
-		}
-		if res.Action == host.Pause && !eos && res.LocalResponse == nil && !hasSignal(res.Signals, host.SignalClose) {
-			r.rep.Phases = append(r.rep.Phases, PhaseReport{Phase: PhaseResponseBody, Action: res.Action, Signals: res.Signals, LocalReply: r.inLocal})
-			continue
-		}
-		out = r.phase(PhaseResponseBody, res, host.StreamResponse)
-		if out == proceed && res.Action == host.Pause {
-			forwarded = append(forwarded, s.TakeBufferedBody(host.StreamResponse)...)
-		}
+	var respT *host.Headers
+	if len(trailers) > 0 {
+		respT = host.NewHeaders(trailers...)
 	}
-	if out == proceed && hasTrailers {
-		out = r.phase(PhaseResponseTrailers, s.OnResponseTrailers(ctx, host.NewHeaders(trailers...)), host.StreamResponse)
+	r.direction(ctx, host.StreamResponse, respH, body, respT)
+	switch r.out {
+	case closed, stalled:
+		r.rep.Client = ClientResponse{}
+		return
+	case replaced:
+		return
 	}
-	if out == proceed {
-		forwarded = append(forwarded, s.TakeBufferedBody(host.StreamResponse)...)
-	}
-	if out != proceed {
-		return out
-	}
-	c := ClientResponse{Body: forwarded}
+	c := ClientResponse{Body: r.body[host.StreamResponse]}
 	for _, p := range respH.Pairs() {
 		if p[0] == ":status" {
 			c.Status, _ = strconv.Atoi(p[1])
@@ -462,32 +439,25 @@ func (r *run) response(ctx context.Context, headers [][2]string, body [][]byte, 
 		}
 		c.Headers = append(c.Headers, p)
 	}
-	if t := s.ResponseTrailers(); t != nil {
+	if t := trailersOf(respT, r.s.ResponseTrailers()); t != nil {
 		c.Trailers = t.Pairs()
 	}
 	r.rep.Client = c
-	return proceed
 }
 
-// localReply encodes a local reply from the request path through the response callbacks,
-// as Envoy's sendLocalReply does.
-func (r *run) localReply(ctx context.Context, reqH *host.Headers) {
+// localReply encodes the filter's local reply from the request path through the response
+// callbacks, as Envoy's sendLocalReply does.
+func (r *run) localReply(ctx context.Context) {
 	lr := r.local
 	r.rep.LocalResponse = lr
-	reply := directReply(lr, reqH)
+	reply := directReply(lr, r.reqH)
 	headers := append([][2]string{{":status", strconv.Itoa(reply.Status)}}, reply.Headers...)
 	var body [][]byte
 	if len(reply.Body) > 0 {
 		body = [][]byte{reply.Body}
 	}
-	r.inLocal = true
-	switch r.response(ctx, headers, body, reply.Trailers) {
-	case closed:
-		r.rep.Closed = true
-		r.rep.Client = ClientResponse{}
-	case stalled:
-		r.rep.Client = ClientResponse{}
-	}
+	r.inLocal, r.out = true, proceed
+	r.response(ctx, headers, body, reply.Trailers)
 }
 
 // directReply is the response Envoy builds for a local reply: the status with content-type
