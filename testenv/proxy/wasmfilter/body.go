@@ -9,15 +9,13 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
 	"github.com/wasmesh/wasmesh/testenv/proxy/streaminfo"
 	"github.com/wasmesh/wasmesh/wasm/host"
+	"github.com/wasmesh/wasmesh/wasm/httpfilter"
 )
 
 // chunkSize is how much body one read of the goroutine reader takes.
 const chunkSize = hcm.BodyBufferSize
 
-var (
-	errResponseReset = errors.New("response reset by a wasm filter")
-	errTooLarge      = errors.New("wasm filter buffered more than the buffer limit")
-)
+var errResponseReset = errors.New("response reset by a wasm filter")
 
 // chunk is one piece of body with its end of stream.
 type chunk struct {
@@ -34,6 +32,8 @@ type chunkSource struct {
 	ended bool
 	bufs  *hcm.BufferPool
 	buf   *[]byte // the direct reads' buffer, reused: a chunk is consumed before the next
+	// trailers, if set, returns the trailers that follow the body's end (nil for none).
+	trailers func() *host.Headers
 }
 
 // release gives the read buffer back once the body is over and its last chunk consumed.
@@ -114,147 +114,137 @@ func (c *chunkSource) async(ctx context.Context) <-chan chunk {
 	return ch
 }
 
-// direction is the request or the response side of a stream.
-type direction struct {
-	typ    host.StreamType
-	onBody func(ctx context.Context, chunk []byte, eos bool) host.Result
+// step runs one event on the stream's filter and takes what it let go on in dir. The
+// request body may be read on the upstream's goroutine while the response is on its way,
+// so the filter's events are serialized.
+func (f *filter) step(dir host.StreamType, event func() httpfilter.Verdict) (httpfilter.Verdict, httpfilter.Out) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return event(), f.fm.Take(dir)
 }
 
-func (f *filter) requestDir() direction {
-	return direction{typ: host.StreamRequest, onBody: f.stream.OnRequestBody}
+// state reports whether the filter holds some of dir, whether it takes more of it, and
+// whether the stream was decided so that it takes none.
+func (f *filter) state(dir host.StreamType) (held, accepting, closed bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fm.Held(dir), f.fm.Accepting(dir), f.fm.Closed(dir)
 }
 
-func (f *filter) responseDir() direction {
-	return direction{typ: host.StreamResponse, onBody: f.stream.OnResponseBody}
+// feed gives the filter one chunk of dir's input and, after the last one, the trailers.
+func (f *filter) feed(ctx context.Context, dir host.StreamType, src *chunkSource, ck chunk) (httpfilter.Verdict, httpfilter.Out) {
+	var t *host.Headers
+	if ck.eof {
+		src.ended = true
+		if src.trailers != nil {
+			t = src.trailers()
+		}
+	}
+	return f.step(dir, func() httpfilter.Verdict {
+		v := f.fm.Data(ctx, dir, ck.data, ck.eof && t == nil)
+		if t != nil && v.Kind == httpfilter.Proceed {
+			v = f.fm.Trailers(ctx, dir, t)
+		}
+		return v
+	})
 }
 
-// waitOutcome is how a wait for a paused filter ended.
-type waitOutcome int
+// until is what a wait for the guest waits for.
+type until uint8
 
 const (
-	waitContinue waitOutcome = iota // go on, forwarding the returned body
-	waitAnswered                    // the filter answered (local reply, close, downstream gone)
-	waitTooLarge                    // the filter buffered more than the limit
+	untilHeaders   until = iota // the direction's headers go on
+	untilFree                   // the filter holds nothing of the direction
+	untilAccepting              // the filter takes more input (or holds nothing)
 )
 
-// pausedWithBody runs while the filter paused its headers and the body is still arriving:
-// as in Envoy, the body keeps coming to the filter (buffered while it pauses) until a body
-// callback continues, the filter resumes (proxy_continue_stream), answers, or the buffer
-// limit is exceeded. It returns the body to forward first.
-func (f *filter) pausedWithBody(s *hcm.Stream, src *chunkSource, dir direction) ([]byte, waitOutcome) {
-	ctx := s.Context()
-	chunks := src.async(ctx)
-	buffered := 0
+// await waits for the guest while the filter holds direction dir, until u: it applies the
+// guest's signals and, while the filter takes them, feeds it src's chunks (src may be nil).
+// It returns how the stream was decided meanwhile, what the filter let go on (added to
+// out), and an error when the downstream went away, or its body broke, first.
+func (f *filter) await(ctx context.Context, src *chunkSource, dir host.StreamType, out httpfilter.Out, u until) (httpfilter.Verdict, httpfilter.Out, error) {
+	add := func(v httpfilter.Verdict, o httpfilter.Out) httpfilter.Verdict {
+		out.Headers, out.Trailers, out.End = out.Headers || o.Headers, out.Trailers || o.Trailers, out.End || o.End
+		out.Data = append(out.Data, o.Data...)
+		return v
+	}
 	for {
+		held, accepting, _ := f.state(dir)
+		if u == untilHeaders && out.Headers || u != untilHeaders && !held || u == untilAccepting && accepting {
+			return httpfilter.Verdict{}, out, nil
+		}
+		var chunks <-chan chunk
+		if src != nil && accepting && !src.ended {
+			chunks = src.async(ctx)
+		}
+		var v httpfilter.Verdict
 		select {
 		case <-ctx.Done():
-			s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
-			return nil, waitAnswered
+			return v, out, ctx.Err()
 		case sig := <-f.signals:
-			switch f.signal(s, sig) {
-			case sigContinue:
-				return f.stream.TakeBufferedBody(dir.typ), waitContinue
-			case sigGone:
-				return f.stream.TakeBufferedBody(dir.typ), waitContinue
-			default:
-				return nil, waitAnswered
-			}
+			v = add(f.step(dir, func() httpfilter.Verdict { return f.fm.Signal(ctx, sig) }))
 		case ck, ok := <-chunks:
-			if !ok {
-				chunks = nil
+			switch {
+			case !ok:
+				src.ended = true
+				continue
+			case ck.err != nil:
+				return v, out, ck.err
+			case len(ck.data) == 0 && !ck.eof:
 				continue
 			}
-			if ck.err != nil {
-				return nil, waitAnswered
-			}
-			if ck.eof {
-				src.ended = true
-				chunks = nil
-			}
-			res := dir.onBody(ctx, ck.data, ck.eof)
-			if res.Skipped || f.gone {
-				return ck.data, waitContinue
-			}
-			if f.answered(s, res) {
-				return nil, waitAnswered
-			}
-			if f.gone || res.Action == host.Continue {
-				return res.Body, waitContinue
-			}
-			buffered += len(ck.data)
-			if buffered > s.BufferLimit() {
-				return nil, waitTooLarge
-			}
+			v = add(f.feed(ctx, dir, src, ck))
+		}
+		if v.Kind != httpfilter.Proceed {
+			return v, out, nil
 		}
 	}
 }
 
-// signal handles a signal that arrived while waiting.
-type sigResult int
-
-const (
-	sigContinue sigResult = iota
-	sigGone
-	sigAnswered
-)
-
-func (f *filter) signal(s *hcm.Stream, sig host.Signal) sigResult {
-	switch sig.Kind {
-	case host.SignalContinue:
-		return sigContinue
-	case host.SignalLocalResponse:
-		f.localReply(s, sig.LocalResponse)
-		return sigAnswered
-	case host.SignalFailed:
-		f.cfg.failures.Inc()
-		if sig.LocalResponse != nil {
-			f.localReply(s, sig.LocalResponse)
-			return sigAnswered
-		}
-		f.gone = true
-		return sigGone
-	case host.SignalClose:
-		s.SendLocalReply(http.StatusServiceUnavailable, "", nil, "wasm_close_stream", streaminfo.LocalReset)
-		return sigAnswered
+// answerHeaders answers a stream the filter decided while its headers waited: a local
+// reply, or a reset, which meshproxy cannot do before a response exists: it answers 503
+// with the reset's details and the LR flag instead.
+func (f *filter) answerHeaders(s *hcm.Stream, v httpfilter.Verdict) {
+	if v.Kind == httpfilter.Reset {
+		s.SendLocalReply(http.StatusServiceUnavailable, "", nil, v.Details, streaminfo.LocalReset)
+		return
 	}
-	return sigContinue
+	lr := v.Reply
+	s.SendLocalReplyGRPC(lr.StatusCode, string(lr.Body), replyHeader(lr), lr.Details, 0, int(lr.GRPCStatus))
 }
 
-// answered applies a callback's failure or local reply; it reports whether the stream
-// was answered.
-func (f *filter) answered(s *hcm.Stream, res host.Result) bool {
-	if res.Failure != nil {
-		f.cfg.failures.Inc()
-		if res.LocalResponse == nil {
-			f.gone = true
-			return false
-		}
+func replyHeader(lr *host.LocalResponse) http.Header {
+	h := http.Header{}
+	for _, kv := range lr.Headers {
+		h.Add(kv[0], kv[1])
 	}
-	if res.LocalResponse != nil {
-		f.localReply(s, res.LocalResponse)
-		return true
-	}
-	return false
+	return h
 }
 
-// bodyFilter is a body on its way through the filter while the stream is already
-// flowing: every chunk goes to the guest; while the guest pauses, chunks accumulate (up to
-// the buffer limit) and, at the end of the stream, the filter waits for the guest to
-// resume. A local reply from the guest interrupts the stream (request side) or resets it
-// (response side, whose headers are already sent).
+// abort ends a stream whose downstream went away (or whose body broke) while the filter
+// held it.
+func (f *filter) abort(s *hcm.Stream) {
+	f.mu.Lock()
+	f.fm.Abort()
+	f.mu.Unlock()
+	s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
+	s.Response = &hcm.Response{Local: true}
+}
+
+// bodyFilter is a body on its way through the filter while the stream is already flowing:
+// every chunk goes to the filter, and what it lets go on is read out; while it holds the
+// body the reader waits for the guest once the body is all in (or the filter takes no more).
+// A stream the filter answers meanwhile is interrupted (request side: the reply replaces
+// the upstream's) or reset (response side, whose headers already went on).
 type bodyFilter struct {
-	f        *filter
-	s        *hcm.Stream
-	src      *chunkSource
-	dir      direction
-	closer   io.Closer
-	pending  []byte
-	done     bool
-	buffered int
-	// atEnd runs before the last chunk goes to the guest; it reports whether trailers
-	// follow (then the chunk is not the end of the stream).
-	atEnd func() bool
-	err   error
+	f       *filter
+	s       *hcm.Stream
+	src     *chunkSource
+	dir     host.StreamType
+	closer  io.Closer
+	pending []byte
+	done    bool
+	err     error
 }
 
 func (b *bodyFilter) Read(p []byte) (int, error) {
@@ -275,138 +265,66 @@ func (b *bodyFilter) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (b *bodyFilter) fail(err error) {
-	b.err = err
-	if b.dir.typ == host.StreamResponse {
-		b.s.Info.AddFlag(streaminfo.LocalReset)
-	}
-}
-
 func (b *bodyFilter) fill() {
-	f, s := b.f, b.s
-	ctx := s.Context()
-	ck := b.src.next(ctx)
-	if ck.err != nil {
-		b.err = ck.err
-		return
-	}
-	eos := ck.eof
-	if eos {
-		b.done = true
-		if b.atEnd != nil && b.atEnd() {
-			eos = false
-		}
-	}
-	if f.gone {
-		b.pending = ck.data
-		return
-	}
-	if len(ck.data) == 0 && !ck.eof {
-		return
-	}
-	res := b.dir.onBody(ctx, ck.data, eos)
-	switch {
-	case res.Skipped:
-		b.pending = ck.data
-		return
-	case res.LocalResponse != nil || res.Failure != nil:
-		if !f.answeredMidStream(s, res, b.dir) {
-			b.pending = ck.data
+	f, ctx := b.f, b.s.Context()
+	if !b.src.ended {
+		ck := b.src.next(ctx)
+		if ck.err != nil {
+			b.err = ck.err
 			return
 		}
-		b.fail(hcm.ErrInterrupted)
-		return
-	case res.Action == host.Continue:
-		b.pending = res.Body
-		b.buffered = 0
-		return
-	}
-	b.buffered += len(ck.data)
-	if b.buffered > s.BufferLimit() {
-		f.tooLarge(s, b.dir, true)
-		b.fail(errTooLarge)
-		return
-	}
-	if !ck.eof {
-		return
-	}
-	// The whole body is in and the guest still pauses: wait for it.
-	select {
-	case <-ctx.Done():
-		b.err = ctx.Err()
-	case sig := <-f.signals:
-		switch f.signalMidStream(s, sig, b.dir) {
-		case sigAnswered:
-			b.fail(hcm.ErrInterrupted)
-		default:
-			b.pending = f.stream.TakeBufferedBody(b.dir.typ)
+		if len(ck.data) == 0 && !ck.eof {
+			return
 		}
+		v, out := f.feed(ctx, b.dir, b.src, ck)
+		b.pending = out.Data
+		if b.answered(v) {
+			return
+		}
+	}
+	held, accepting, closed := f.state(b.dir)
+	switch {
+	case closed:
+		// Decided elsewhere (the other direction's wait took the guest's signal).
+		b.err = hcm.ErrInterrupted
+		if b.dir == host.StreamResponse {
+			b.err = errResponseReset
+		}
+	case held && (b.src.ended || !accepting):
+		u := untilFree
+		if !b.src.ended {
+			u = untilAccepting
+		}
+		v, out, err := f.await(ctx, nil, b.dir, httpfilter.Out{}, u)
+		b.pending = append(b.pending, out.Data...)
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.answered(v)
+	case b.src.ended && !held:
+		b.done = true
 	}
 }
 
-// answeredMidStream applies a failure or local reply from a body callback after the
-// stream started flowing; it reports whether the stream was answered.
-func (f *filter) answeredMidStream(s *hcm.Stream, res host.Result, dir direction) bool {
-	if res.Failure != nil {
-		f.cfg.failures.Inc()
-		if res.LocalResponse == nil {
-			f.gone = true
-			return false
-		}
+// answered applies how the filter decided the stream while the body flowed; it reports
+// whether it answered the stream, ending the body with an error.
+func (b *bodyFilter) answered(v httpfilter.Verdict) bool {
+	switch {
+	case v.Kind == httpfilter.Proceed:
+		return false
+	case b.dir == host.StreamResponse:
+		b.s.Info.AddFlag(streaminfo.LocalReset)
+		b.err = errResponseReset
+	case v.Kind == httpfilter.Reset:
+		b.s.Interrupt(http.StatusServiceUnavailable, "", nil, v.Details, streaminfo.LocalReset, -1)
+		b.err = hcm.ErrInterrupted
+	default:
+		lr := v.Reply
+		b.s.Interrupt(lr.StatusCode, string(lr.Body), replyHeader(lr), lr.Details, 0, int(lr.GRPCStatus))
+		b.err = hcm.ErrInterrupted
 	}
-	f.interrupt(s, res.LocalResponse, dir)
 	return true
-}
-
-func (f *filter) signalMidStream(s *hcm.Stream, sig host.Signal, dir direction) sigResult {
-	switch sig.Kind {
-	case host.SignalLocalResponse:
-		f.interrupt(s, sig.LocalResponse, dir)
-		return sigAnswered
-	case host.SignalFailed:
-		f.cfg.failures.Inc()
-		if sig.LocalResponse != nil {
-			f.interrupt(s, sig.LocalResponse, dir)
-			return sigAnswered
-		}
-		f.gone = true
-		return sigGone
-	case host.SignalClose:
-		if dir.typ == host.StreamRequest {
-			s.Interrupt(http.StatusServiceUnavailable, "", nil, "wasm_close_stream", streaminfo.LocalReset, -1)
-		}
-		return sigAnswered
-	}
-	return sigContinue
-}
-
-// interrupt answers the stream from the request body; on the response side the headers
-// already went out and the stream can only be reset.
-func (f *filter) interrupt(s *hcm.Stream, lr *host.LocalResponse, dir direction) {
-	if dir.typ != host.StreamRequest || lr == nil {
-		return
-	}
-	h := http.Header{}
-	for _, kv := range lr.Headers {
-		h.Add(kv[0], kv[1])
-	}
-	s.Interrupt(lr.StatusCode, string(lr.Body), h, lr.Details, 0, int(lr.GRPCStatus))
-}
-
-// tooLarge answers a stream whose filter buffered more than the limit, as Envoy does: 413
-// for a request, 500 for a response whose headers have not gone out (reset otherwise).
-func (f *filter) tooLarge(s *hcm.Stream, dir direction, flowing bool) {
-	if dir.typ == host.StreamRequest {
-		if flowing {
-			s.Interrupt(http.StatusRequestEntityTooLarge, "Payload Too Large", nil, "request_payload_too_large", 0, -1)
-		} else {
-			s.SendLocalReply(http.StatusRequestEntityTooLarge, "Payload Too Large", nil, "request_payload_too_large", 0)
-		}
-		return
-	}
-	if !flowing {
-		s.SendLocalReply(http.StatusInternalServerError, "Internal Server Error", nil, "response_payload_too_large", 0)
-	}
 }
 
 func (b *bodyFilter) Close() error {

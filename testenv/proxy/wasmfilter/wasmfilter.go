@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,9 +31,9 @@ import (
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
 	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
-	"github.com/wasmesh/wasmesh/testenv/proxy/streaminfo"
 	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
 	"github.com/wasmesh/wasmesh/wasm/host"
+	"github.com/wasmesh/wasmesh/wasm/httpfilter"
 )
 
 // TypeURL is the Wasm HTTP filter's type URL.
@@ -162,13 +163,19 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 	if pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN {
 		failOpen = true
 	}
+	// meshproxy has always let a header callback's StopIteration stop the headers alone;
+	// Envoy does so only with allow_on_headers_stop_iteration, which is honoured when set.
+	allowStopIteration := true
+	if a := pc.GetAllowOnHeadersStopIteration(); a != nil {
+		allowStopIteration = a.GetValue()
+	}
 	pluginName := pc.GetName()
 	if pluginName == "" {
 		pluginName = name
 	}
 	sum := sha256.Sum256(code)
 	key := strings.Join([]string{hex.EncodeToString(sum[:]), pluginName, pc.GetRootId(), vm.GetVmId(),
-		string(cfgBytes), string(vmCfg), fmt.Sprint(failOpen)}, "\x00")
+		string(cfgBytes), string(vmCfg), fmt.Sprint(failOpen), fmt.Sprint(allowStopIteration)}, "\x00")
 	m.mu.Lock()
 	p := m.plugins[key]
 	m.mu.Unlock()
@@ -180,6 +187,7 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 		p, err = m.rt.NewPlugin(m.ctx, mod, host.PluginConfig{
 			Name: pluginName, RootID: pc.GetRootId(), VMID: vm.GetVmId(), VMConfig: vmCfg, Configuration: cfgBytes,
 			FailOpen: failOpen, Instances: max(m.opts.Concurrency, 1), Metrics: m.metrics,
+			AllowOnHeadersStopIteration: allowStopIteration,
 		}, m.env)
 		if err != nil {
 			return nil, fmt.Errorf("wasm plugin %s: %w", pluginName, err)
@@ -195,7 +203,9 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 		}
 	}
 	sc := m.opts.Store.Scope("wasm." + pluginName)
-	return &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams"), bufs: hctx.Buffers}, nil
+	c := &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams"), bufs: hctx.Buffers}
+	c.onFailure = func(*host.Failure) { c.failures.Inc() }
+	return c, nil
 }
 
 // bytesOf reads a plugin or VM configuration: StringValue or BytesValue (Istio sends
@@ -355,10 +365,11 @@ func (m *Manager) dispatch(ctx context.Context, req *host.HTTPCallRequest, done 
 
 // Config is one configured Wasm filter.
 type Config struct {
-	plugin   *host.Plugin
-	failOpen bool
-	failures *stats.Counter
-	bufs     *hcm.BufferPool
+	plugin    *host.Plugin
+	failOpen  bool
+	failures  *stats.Counter
+	onFailure func(*host.Failure) // counts failures
+	bufs      *hcm.BufferPool
 }
 
 // Plugin is the plugin behind the config.
@@ -385,6 +396,7 @@ func (c *Config) NewFilter(s *hcm.Stream) (hcm.Filter, error) {
 		return nil, err
 	}
 	f.stream = st
+	f.fm = httpfilter.New(st, httpfilter.Config{BufferLimit: s.BufferLimit(), OnFailure: c.onFailure})
 	return f, nil
 }
 
@@ -395,11 +407,16 @@ func (passThrough) EncodeHeaders(*hcm.Stream) hcm.Status { return hcm.Continue }
 func (passThrough) Log(*hcm.Stream)                      {}
 func (passThrough) Destroy(*hcm.Stream)                  {}
 
+// filter is meshproxy's I/O around one stream's httpfilter.Filter, which decides what the
+// guest's callbacks and signals mean for the stream.
 type filter struct {
 	cfg     *Config
 	stream  *host.HTTPStream
 	signals chan host.Signal
-	gone    bool // the filter failed open: it is out of the stream
+	mu      sync.Mutex // serializes fm
+	fm      *httpfilter.Filter
+	// respT are the response trailers given to the filter (nil: none).
+	respT *host.Headers
 }
 
 func streamInfo(s *hcm.Stream) host.StreamInfo {
@@ -428,16 +445,7 @@ func (f *filter) updateInfo(s *hcm.Stream) {
 func requestHeaders(r *http.Request) *host.Headers {
 	h := host.NewHeaders([2]string{":authority", r.Host}, [2]string{":path", r.URL.RequestURI()},
 		[2]string{":method", r.Method}, [2]string{":scheme", "http"})
-	keys := make([]string, 0, len(r.Header))
-	for k := range r.Header {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		for _, v := range r.Header[k] {
-			h.Add(k, v)
-		}
-	}
+	addSorted(h, r.Header, false)
 	return h
 }
 
@@ -461,211 +469,146 @@ func applyRequestHeaders(r *http.Request, h *host.Headers) {
 	r.Header = hdr
 }
 
-// outcome applies a callback's result; it reports whether the stream was answered.
-func (f *filter) outcome(s *hcm.Stream, res host.Result) bool {
-	if res.Failure != nil {
-		f.cfg.failures.Inc()
-		if res.LocalResponse == nil {
-			f.gone = true // fail open: continue as if the filter were absent
-			return false
-		}
-	}
-	if res.LocalResponse != nil {
-		f.localReply(s, res.LocalResponse)
-		return true
-	}
-	if res.Action != host.Pause {
-		return false
-	}
-	// Paused: wait until the guest resumes, answers or fails the stream.
-	for {
-		select {
-		case <-s.Context().Done():
-			s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
-			s.Response = &hcm.Response{Local: true}
-			return true
-		case sig := <-f.signals:
-			return f.signal(s, sig) == sigAnswered
-		}
-	}
-}
-
-func (f *filter) localReply(s *hcm.Stream, lr *host.LocalResponse) {
-	h := http.Header{}
-	for _, kv := range lr.Headers {
-		h.Add(kv[0], kv[1])
-	}
-	s.SendLocalReplyGRPC(lr.StatusCode, string(lr.Body), h, lr.Details, 0, int(lr.GRPCStatus))
-}
-
 func (f *filter) DecodeHeaders(s *hcm.Stream) hcm.Status {
+	ctx := s.Context()
 	h := requestHeaders(s.Request)
 	hasBody := s.Request.Body != nil && s.Request.Body != http.NoBody
-	res := f.stream.OnRequestHeaders(s.Context(), h, !hasBody)
-	if res.Skipped {
-		return hcm.Continue
-	}
+	v, out := f.step(host.StreamRequest, func() httpfilter.Verdict {
+		return f.fm.Headers(ctx, host.StreamRequest, h, !hasBody)
+	})
 	var src *chunkSource
-	var prefix []byte
-	if hasBody && res.Action == host.Pause && res.Failure == nil && res.LocalResponse == nil {
-		// Paused headers with a body on its way: the body keeps coming to the filter.
+	if hasBody {
 		src = &chunkSource{r: s.Request.Body, bufs: f.cfg.bufs}
-		body, out := f.pausedWithBody(s, src, f.requestDir())
-		switch out {
-		case waitAnswered:
-			if s.Response == nil {
-				s.Info.AddFlag(streaminfo.DownstreamConnectionTermination)
-				s.Response = &hcm.Response{Local: true}
-			}
-			return hcm.Stop
-		case waitTooLarge:
-			f.tooLarge(s, f.requestDir(), false)
+	}
+	if v.Kind == httpfilter.Proceed && !out.Headers {
+		var err error
+		if v, out, err = f.await(ctx, src, host.StreamRequest, out, untilHeaders); err != nil {
+			f.abort(s)
 			return hcm.Stop
 		}
-		prefix = body
-	} else if f.outcome(s, res) {
+	}
+	if v.Kind != httpfilter.Proceed {
+		f.answerHeaders(s, v)
 		return hcm.Stop
 	}
-	if !f.gone {
-		applyRequestHeaders(s.Request, f.stream.RequestHeaders())
-		s.ClearRouteCache()
-	}
+	applyRequestHeaders(s.Request, h)
+	s.ClearRouteCache()
 	if hasBody {
-		if src == nil {
-			src = &chunkSource{r: s.Request.Body, bufs: f.cfg.bufs}
-		}
-		s.Request.Body = &bodyFilter{f: f, s: s, src: src, dir: f.requestDir(), closer: s.Request.Body,
-			pending: prefix, done: src.ended}
+		s.Request.Body = &bodyFilter{f: f, s: s, src: src, dir: host.StreamRequest, closer: s.Request.Body, pending: out.Data}
 	}
 	return hcm.Continue
 }
 
 func (f *filter) EncodeHeaders(s *hcm.Stream) hcm.Status {
-	if f.gone || s.Response == nil {
+	f.mu.Lock()
+	over := f.fm.Over()
+	f.mu.Unlock()
+	if over || s.Response == nil {
 		return hcm.Continue
 	}
+	ctx := s.Context()
 	f.updateInfo(s)
 	h := host.NewHeaders([2]string{":status", fmt.Sprint(s.Response.Status)})
-	keys := make([]string, 0, len(s.Response.Header))
-	for k := range s.Response.Header {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		for _, v := range s.Response.Header[k] {
-			h.Add(k, v)
-		}
-	}
+	addSorted(h, s.Response.Header, false)
 	upstreamBody := s.Response.Body
-	res := f.stream.OnResponseHeaders(s.Context(), h, upstreamBody == nil)
-	if res.Skipped {
-		return hcm.Continue
-	}
-	replaced := func() bool {
-		if s.Response.Body != upstreamBody && upstreamBody != nil {
-			_ = upstreamBody.Close()
-			return true
-		}
-		return false
-	}
-	if res.LocalResponse != nil {
-		if upstreamBody != nil {
-			_ = upstreamBody.Close()
-		}
-		f.localReply(s, res.LocalResponse)
-		return hcm.Continue
-	}
-	if res.Failure != nil {
-		f.cfg.failures.Inc()
-		f.gone = true
-		return hcm.Continue
-	}
+	v, out := f.step(host.StreamResponse, func() httpfilter.Verdict {
+		return f.fm.Headers(ctx, host.StreamResponse, h, upstreamBody == nil)
+	})
 	var src *chunkSource
-	var prefix []byte
-	if res.Action == host.Pause {
-		if upstreamBody != nil {
-			src = &chunkSource{r: upstreamBody, bufs: f.cfg.bufs}
-			body, out := f.pausedWithBody(s, src, f.responseDir())
-			switch out {
-			case waitAnswered:
-				replaced()
-				if s.Response.Body == upstreamBody && upstreamBody != nil {
-					// The downstream went away.
-					_ = upstreamBody.Close()
-					s.Response = &hcm.Response{Local: true}
-				}
-				return hcm.Continue
-			case waitTooLarge:
-				_ = upstreamBody.Close()
-				f.tooLarge(s, f.responseDir(), false)
-				return hcm.Continue
-			}
-			prefix = body
-		} else if f.outcome(s, host.Result{Action: host.Pause}) {
-			replaced()
+	if upstreamBody != nil {
+		src = &chunkSource{r: upstreamBody, bufs: f.cfg.bufs}
+		f.interceptTrailers(s.Response, src)
+	}
+	if v.Kind == httpfilter.Proceed && !out.Headers {
+		var err error
+		v, out, err = f.await(ctx, src, host.StreamResponse, out, untilHeaders)
+		if err != nil {
+			closeBody(upstreamBody)
+			f.abort(s)
 			return hcm.Continue
 		}
 	}
-	if f.gone {
-		if prefix != nil {
-			s.Response.Body = &bodyFilter{f: f, s: s, src: src, dir: f.responseDir(), closer: upstreamBody, pending: prefix, done: src.ended}
-		}
+	if v.Kind != httpfilter.Proceed {
+		closeBody(upstreamBody)
+		f.answerHeaders(s, v)
 		return hcm.Continue
 	}
-	out := http.Header{}
-	for _, kv := range f.stream.ResponseHeaders().Pairs() {
+	hdr := http.Header{}
+	for _, kv := range h.Pairs() {
 		if kv[0] == ":status" {
+			if code, err := strconv.Atoi(kv[1]); err == nil {
+				s.Response.Status = code
+			}
 			continue
 		}
-		out.Add(kv[0], kv[1])
+		hdr.Add(kv[0], kv[1])
 	}
-	s.Response.Header = out
+	s.Response.Header = hdr
 	if upstreamBody != nil {
-		if src == nil {
-			src = &chunkSource{r: upstreamBody, bufs: f.cfg.bufs}
-		}
-		trailers := s.Response.Trailer
-		bf := &bodyFilter{f: f, s: s, src: src, dir: f.responseDir(), closer: upstreamBody, pending: prefix, done: src.ended}
-		if trailers != nil {
-			bf.atEnd = func() bool { return len(trailers()) > 0 }
-			s.Response.Trailer = func() http.Header { return f.responseTrailers(s, trailers()) }
-		}
-		s.Response.Body = bf
+		s.Response.Body = &bodyFilter{f: f, s: s, src: src, dir: host.StreamResponse, closer: upstreamBody, pending: out.Data}
 	}
 	return hcm.Continue
 }
 
-// responseTrailers passes the response trailers through proxy_on_response_trailers.
-func (f *filter) responseTrailers(s *hcm.Stream, tr http.Header) http.Header {
-	if len(tr) == 0 || f.gone {
-		return tr
+func closeBody(b io.Closer) {
+	if b != nil {
+		_ = b.Close()
 	}
-	h := host.NewHeaders()
-	keys := make([]string, 0, len(tr))
-	for k := range tr {
+}
+
+// addSorted adds hdr to h in key order (lowercased when lower).
+func addSorted(h *host.Headers, hdr http.Header, lower bool) {
+	keys := make([]string, 0, len(hdr))
+	for k := range hdr {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		for _, v := range tr[k] {
-			h.Add(strings.ToLower(k), v)
+		name := k
+		if lower {
+			name = strings.ToLower(k)
+		}
+		for _, v := range hdr[k] {
+			h.Add(name, v)
 		}
 	}
-	res := f.stream.OnResponseTrailers(s.Context(), h)
-	if res.Skipped || res.Failure != nil {
-		return tr
+}
+
+// interceptTrailers passes the response trailers through the filter: the body's source
+// gives them to it at the body's end, and the response carries what the filter made of
+// them.
+func (f *filter) interceptTrailers(r *hcm.Response, src *chunkSource) {
+	upstream := r.Trailer
+	if upstream == nil {
+		return
 	}
-	out := http.Header{}
-	for _, kv := range f.stream.ResponseTrailers().Pairs() {
-		out.Add(kv[0], kv[1])
+	src.trailers = func() *host.Headers {
+		tr := upstream()
+		if len(tr) == 0 {
+			return nil
+		}
+		f.respT = host.NewHeaders()
+		addSorted(f.respT, tr, true)
+		return f.respT
 	}
-	return out
+	r.Trailer = func() http.Header {
+		if f.respT == nil {
+			return upstream()
+		}
+		out := http.Header{}
+		for _, kv := range f.respT.Pairs() {
+			out.Add(kv[0], kv[1])
+		}
+		return out
+	}
 }
 
 // Log runs proxy_on_log, proxy_on_done and proxy_on_delete with the final stream info.
 func (f *filter) Log(s *hcm.Stream) {
 	f.updateInfo(s)
-	f.stream.Finish(context.WithoutCancel(s.Context()))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fm.Finish(context.WithoutCancel(s.Context()))
 }
 
 func (f *filter) Destroy(*hcm.Stream) {}
