@@ -2,7 +2,11 @@ package host
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -67,7 +71,14 @@ func FuzzPropertyPath(f *testing.F) {
 
 // FuzzHostCalls calls host functions from a real guest with arbitrary arguments (pointers,
 // sizes, map and buffer types): the host must answer with a status, never panic. A guest
-// whose memory the fuzzer corrupts may crash; the instance is then replaced.
+// whose memory the call corrupts may trap; a panic in the host may not.
+//
+// Each input runs on a plugin of its own (a fresh instance, root context and stream) and
+// starts with no shared data or queues for its vm_id, so what one input does (headers or
+// buffers set, a local response sent, an HTTP call dispatched, shared data written, guest
+// memory overwritten) cannot change the next one's outcome. Only the runtime and the
+// compiled module are reused, which no host call changes: a runtime per input costs about
+// 100 ms, a plugin about 10 ms.
 func FuzzHostCalls(f *testing.F) {
 	f.Add(uint32(0), uint32(2), uint32(0xFFFFFFF0), uint32(100), uint32(0), uint32(0))
 	f.Add(uint32(1), uint32(0), uint32(0), uint32(0xFFFFFF00), uint32(0xFFFFFF00), uint32(0))
@@ -80,37 +91,81 @@ func FuzzHostCalls(f *testing.F) {
 	f.Add(uint32(12), uint32(0), uint32(0), uint32(0), uint32(0), uint32(0))
 	f.Add(uint32(13), uint32(99), uint32(0), uint32(0), uint32(0), uint32(0))
 	f.Add(uint32(14), uint32(0), uint32(0), uint32(0), uint32(0), uint32(0))
-	fx := newFixture(f, "kitchen", PluginConfig{}, Environment{HTTPCalls: &fakeUpstream{}})
-	ctx := context.Background()
-	var s *HTTPStream
+	fx := newFixture(f, "kitchen", PluginConfig{}, Environment{})
 	f.Fuzz(func(t *testing.T, fn, a, b, c, d, e uint32) {
-		if s == nil || s.Failed() != nil {
-			var err error
-			s, err = fx.p.NewHTTPStream(ctx, StreamOptions{})
-			require.NoError(t, err)
-			s.OnRequestHeaders(ctx, NewHeaders([2]string{":path", "/"}), false)
-		}
-		in := s.in
-		in.enter()
-		defer in.leave()
-		v := in.vm
-		if v == nil || v != s.v {
-			s = nil
-			return
-		}
-		exp := v.mod.ExportedFunction("fuzz_hostcall")
-		require.NotNil(t, exp)
-		v.fns["fuzz_hostcall"] = exp
-		vc := &vmCall{vm: v, effective: s.id, callback: "fuzz_hostcall", sync: &s.streamCore}
-		ret, _, err := v.call(vc, "fuzz_hostcall", uint64(fn), uint64(a), uint64(b), uint64(c), uint64(d), uint64(e))
+		ret, err := fuzzHostCall(t, fx.rt, fx.p.Module(), fn, a, b, c, d, e)
 		if err != nil {
-			s.failed = in.fail(v, err, &s.streamCore)
-			return
+			if hostPanicked(err) {
+				t.Fatalf("host call %d(%#x, %#x, %#x, %#x, %#x) panicked in the host: %v", fn%16, a, b, c, d, e, err)
+			}
+			return // the guest trapped: its memory was overwritten
 		}
 		if Status(ret) > StatusUnimplemented {
 			t.Fatalf("host call %d returned status %d", fn%16, ret)
 		}
 	})
+}
+
+const fuzzVMID = "fuzz"
+
+// fuzzHostCall runs the kitchen guest's fuzz_hostcall once on a new plugin, during a
+// stream's request headers, and then closes the plugin and forgets its vm_id's shared data
+// and queues.
+func fuzzHostCall(t *testing.T, rt *Runtime, mod *Module, fn, a, b, c, d, e uint32) (uint64, error) {
+	ctx := context.Background()
+	p, err := rt.NewPlugin(ctx, mod, PluginConfig{Name: "fuzz", VMID: fuzzVMID},
+		Environment{HTTPCalls: &fakeUpstream{}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_ = p.Close(closeCtx)
+		rt.forgetVM(fuzzVMID)
+	}()
+	s, err := p.NewHTTPStream(ctx, StreamOptions{})
+	require.NoError(t, err)
+	s.OnRequestHeaders(ctx, NewHeaders([2]string{":path", "/"}), false)
+	require.Nil(t, s.Failed())
+	in := s.in
+	in.enter()
+	defer in.leave()
+	v := in.vm
+	require.Same(t, s.v, v)
+	exp := v.mod.ExportedFunction("fuzz_hostcall")
+	require.NotNil(t, exp)
+	v.exports["fuzz_hostcall"] = &export{fn: exp, params: 6, results: 1}
+	vc := &vmCall{vm: v, effective: s.id, callback: "fuzz_hostcall", sync: &s.streamCore}
+	ret, exported, err := v.call(vc, "fuzz_hostcall", uint64(fn), uint64(a), uint64(b), uint64(c), uint64(d), uint64(e))
+	require.True(t, exported, "fuzz_hostcall was not called")
+	if err != nil {
+		s.failed = in.fail(v, err, &s.streamCore)
+	}
+	return ret, err
+}
+
+// hostPanicked reports whether a failed call panicked in Go (wazero recovers it and says
+// so) for another reason than the host's own ways of unwinding the guest: proc_exit and a
+// nested guest call that failed.
+func hostPanicked(err error) bool {
+	var pe *procExit
+	var ga *guestAbort
+	return strings.Contains(err.Error(), "(recovered by wazero)") && !errors.As(err, &pe) && !errors.As(err, &ga)
+}
+
+// forgetVM drops the shared data and queues of vmID, as if no plugin of it had run.
+func (r *Runtime) forgetVM(vmID string) {
+	r.data.mu.Lock()
+	delete(r.data.byVM, vmID)
+	r.data.cas = 0
+	r.data.mu.Unlock()
+	r.queues.mu.Lock()
+	defer r.queues.mu.Unlock()
+	for k, tok := range r.queues.byName {
+		if k.vmID == vmID {
+			delete(r.queues.byName, k)
+			delete(r.queues.queues, tok)
+		}
+	}
 }
 
 // FuzzGuestMemory reads and bounds-checks arbitrary windows of a real instance's memory.
