@@ -36,6 +36,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
@@ -314,7 +315,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 			seq++
 			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
 			start := time.Now()
-			d.Entries.SetWorkload(&model.Workload{Name: fmt.Sprintf("auto-%d", seq), Namespace: epNamespace, Labels: map[string]string{"app": epApp}, IPs: []string{ip}})
+			d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: fmt.Sprintf("auto-%d", seq), Namespace: epNamespace, Labels: map[string]string{"app": epApp}, IPs: []string{ip}}}})
 			last, err := loader.Wait(fmt.Sprintf("endpoint %s %s", epCluster, ip))
 			require.NoError(b, err)
 			return start, last
@@ -341,8 +342,8 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 		measure(b, loader, bytes, op, memPerProxy, 0, func(int) (time.Time, time.Time) {
 			seq++
 			start := time.Now()
-			d.Entries.SetWorkload(&model.Workload{Name: fmt.Sprintf("ghost-%d", seq), Namespace: "unimported", Labels: map[string]string{"app": "ghost"},
-				IPs: []string{fmt.Sprintf("10.201.%d.%d", seq/256%256, seq%256)}})
+			d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: fmt.Sprintf("ghost-%d", seq),
+				Namespace: "unimported", Labels: map[string]string{"app": "ghost"}, IPs: []string{fmt.Sprintf("10.201.%d.%d", seq/256%256, seq%256)}}}})
 			time.Sleep(period)
 			return start, time.Now()
 		})
@@ -393,7 +394,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 			seq++
 			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
 			start := time.Now()
-			d.Entries.SetWorkload(&model.Workload{Name: fmt.Sprintf("auto-%d", seq), Namespace: "load", Labels: map[string]string{"app": "svc-0"}, IPs: []string{ip}})
+			d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: fmt.Sprintf("auto-%d", seq), Namespace: "load", Labels: map[string]string{"app": "svc-0"}, IPs: []string{ip}}}})
 			last, n, err := loader.WaitCount(fmt.Sprintf("endpoint-watchers %s %s", ClusterName(0), ip))
 			require.NoError(b, err)
 			require.Positive(b, n, "no proxy watches %s", ClusterName(0))

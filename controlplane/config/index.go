@@ -132,3 +132,28 @@ func SelectorMatches(selector, labels map[string]string) bool {
 	}
 	return true
 }
+
+// UpdateSorted brings sorted, the configs in force before, up to date with next: a few
+// changed keys are replaced, inserted or removed in place, many rebuild the list.
+func UpdateSorted(sorted []*Config, next map[Key]*Config, changed map[Key]struct{}) []*Config {
+	if sorted == nil || len(changed) > len(next)/16 {
+		sorted = make([]*Config, 0, len(next))
+		for _, c := range next {
+			sorted = append(sorted, c)
+		}
+		SortConfigs(sorted)
+		return sorted
+	}
+	for k := range changed {
+		i, found := slices.BinarySearchFunc(sorted, k, func(c *Config, k Key) int { return CompareKeys(c.Key(), k) })
+		switch c, ok := next[k]; {
+		case ok && found:
+			sorted[i] = c
+		case ok:
+			sorted = slices.Insert(sorted, i, c)
+		case found:
+			sorted = slices.Delete(sorted, i, i+1)
+		}
+	}
+	return sorted
+}

@@ -23,10 +23,13 @@ import (
 
 // Deps are what the endpoints read.
 type Deps struct {
-	Server   *server.Server
-	Configs  *filedir.Source // may be nil
-	Mesh     *mesh.Watcher   // may be nil
-	Registry registry.Registry
+	Server *server.Server
+	// Configs lists the configs in force; Documents the directory's documents and their
+	// status (may be nil).
+	Configs   server.ConfigStore
+	Documents func() []filedir.DocStatus
+	Mesh      *mesh.Watcher // may be nil
+	Registry  registry.Registry
 	// Workloads lists auto-registered workloads; may be nil.
 	Workloads func() []*model.Workload
 	Gatherer  prometheus.Gatherer
@@ -106,7 +109,9 @@ func configz(d Deps) configzOut {
 			spec, _ := protojson.Marshal(c.Spec)
 			out.Configs = append(out.Configs, configEntry{Kind: c.Kind, Namespace: c.Namespace, Name: c.Name, Source: c.Source, Spec: compact(spec)})
 		}
-		out.Documents = d.Configs.Status()
+	}
+	if d.Documents != nil {
+		out.Documents = d.Documents()
 		if d.NotInForce != nil {
 			markNotInForce(out.Documents, d.NotInForce())
 		}

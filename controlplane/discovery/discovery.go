@@ -21,14 +21,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 
-	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/debug"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
 	"github.com/wasmesh/wasmesh/controlplane/mesh"
+	"github.com/wasmesh/wasmesh/controlplane/meshstate"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source"
 	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
 	"github.com/wasmesh/wasmesh/controlplane/wasmfetch"
 )
@@ -52,6 +53,9 @@ type Options struct {
 	// WasmCacheDir is where WasmPlugin modules fetched over http(s) are kept, by sha256
 	// (default: the user cache directory's wasmesh/wasm).
 	WasmCacheDir string
+	// Sources are more config and service sources (Kubernetes), after the directory in
+	// precedence: for one config key, the directory's version wins.
+	Sources []source.Source
 }
 
 // Discovery is an assembled control plane.
@@ -61,12 +65,13 @@ type Discovery struct {
 	Metrics *metrics.Metrics
 	Reg     *prometheus.Registry
 
-	Configs  *filedir.Source
-	Mesh     *mesh.Watcher
-	Entries  *registry.ServiceEntries
-	Registry *registry.Aggregate
-	AutoReg  *registry.AutoRegistration
-	Server   *server.Server
+	// Configs is the config directory (nil without one), a source publishing to State.
+	Configs *filedir.Source
+	Mesh    *mesh.Watcher
+	// State is what snapshots are built from, kept from the sources' events.
+	State   *meshstate.State
+	AutoReg *registry.AutoRegistration
+	Server  *server.Server
 	// Modules fetches and caches WasmPlugin modules.
 	Modules *wasmfetch.Fetcher
 
@@ -74,10 +79,6 @@ type Discovery struct {
 	httpLis   net.Listener
 	configDir string // absolute
 }
-
-type emptyStore struct{}
-
-func (emptyStore) List() []*config.Config { return nil }
 
 // New builds the control plane and binds its listeners (so tests can ask for port 0 and
 // read the address), reading the config directory and mesh config once. A config directory
@@ -91,14 +92,19 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 		return nil, err
 	}
 	d.Mesh = mw
-	d.Entries = registry.NewServiceEntries(log, d.Metrics)
-	d.Registry = registry.NewAggregate(d.Entries)
+	// The directory's configs win over another source's for one key; proxies' workloads come
+	// last.
+	order := []string{filedir.Name}
+	for _, src := range opts.Sources {
+		order = append(order, src.Name())
+	}
+	d.State = meshstate.New(log, registry.NewServiceEntries(log, d.Metrics), func(r *push.Request) { d.Server.ConfigUpdate(r) },
+		append(order, registry.ProxiesSource)...)
 	grace := opts.WorkloadGracePeriod
 	if grace <= 0 {
 		grace = registry.DefaultGracePeriod
 	}
-	d.AutoReg = registry.NewAutoRegistration(d.Entries, grace, log, d.Metrics)
-	var store server.ConfigStore = emptyStore{}
+	d.AutoReg = registry.NewAutoRegistration(d.State, grace, log, d.Metrics)
 	if opts.ConfigDir != "" {
 		if d.configDir, err = checkConfigDir(opts.ConfigDir); err != nil {
 			return nil, err
@@ -107,30 +113,17 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 		if err := d.Configs.Sync(); err != nil {
 			return nil, err // it names the directory
 		}
-		store = d.Configs
-		d.Entries.SetConfigs(d.Configs.List())
+	} else {
+		d.State.Synced(filedir.Name) // nothing to wait for
 	}
 	d.logSources()
-	if store, err = d.extensions(store); err != nil {
+	store, err := d.extensions(d.State)
+	if err != nil {
 		return nil, err
 	}
 	d.Server = server.New(log, d.Metrics, opts.Server, server.Deps{
-		Registry: d.Registry, Configs: store, Mesh: d.Mesh.Mesh, AutoRegistration: d.AutoReg, OnSnapshot: d.onSnapshot,
+		Registry: d.State.Registry, Configs: store, Mesh: d.Mesh.Mesh, AutoRegistration: d.AutoReg, OnSnapshot: d.onSnapshot,
 	})
-	// Handlers are registered after the initial read: the first snapshot includes it.
-	d.Registry.AddHandler(d.Server.RegistryHandler)
-	if d.Configs != nil {
-		d.Configs.AddHandler(func(changed map[config.Key]struct{}) {
-			keys := make([]config.Key, 0, len(changed))
-			for k := range changed {
-				keys = append(keys, k)
-			}
-			// The registry reports service and endpoint changes itself; the config request
-			// covers every other kind.
-			d.Entries.UpdateConfigs(changed, d.Configs.Get)
-			d.Server.ConfigUpdate(push.NewFull(push.ReasonConfig, keys...))
-		})
-	}
 	d.Mesh.AddHandler(func() { d.Server.ConfigUpdate(push.NewFull(push.ReasonMesh)) })
 
 	if d.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
@@ -185,8 +178,16 @@ func (d *Discovery) logSources() {
 			rejected++
 		}
 	}
-	d.log.Info("serving config", "configDir", d.configDir, "configs", len(d.Configs.List()),
+	d.log.Info("serving config", "configDir", d.configDir, "configs", d.Configs.InForce(),
 		"documentsRejected", rejected, "meshConfig", meshConfig)
+}
+
+// documents is the directory's documents and their status, none without a directory.
+func (d *Discovery) documents() []filedir.DocStatus {
+	if d.Configs == nil {
+		return nil
+	}
+	return d.Configs.Status()
 }
 
 // GRPCAddr is the bound xDS address.
@@ -217,10 +218,19 @@ func (d *Discovery) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	goRun("push", func() error { d.Server.Run(ctx); return nil })
 	if d.Configs != nil {
-		goRun("configDir", func() error { return d.Configs.Run(ctx) })
+		goRun("configDir", func() error { return d.Configs.Run(ctx, d.State) })
 	}
+	for _, src := range d.opts.Sources {
+		goRun(src.Name(), func() error { return src.Run(ctx, d.State) })
+	}
+	// The first snapshot is built once every source has published what it holds.
+	goRun("push", func() error {
+		if d.State.WaitReady(ctx) == nil {
+			d.Server.Run(ctx)
+		}
+		return nil
+	})
 	goRun("meshConfig", func() error { return d.Mesh.Run(ctx) })
 	goRun("wasmModules", func() error { return d.Modules.Run(ctx) })
 	grace := d.opts.ShutdownGrace
@@ -231,8 +241,8 @@ func (d *Discovery) Run(ctx context.Context) error {
 	if d.httpLis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/", debug.Handler(debug.Deps{
-			Server: d.Server, Configs: d.Configs, Mesh: d.Mesh, Registry: d.Registry, Workloads: d.Entries.Workloads, Gatherer: d.Reg,
-			NotInForce: d.Entries.NotInForce, Extensions: d.extensionStatus,
+			Server: d.Server, Configs: d.State, Documents: d.documents, Mesh: d.Mesh, Registry: d.State.Registry,
+			Workloads: d.State.Entries.Workloads, Gatherer: d.Reg, NotInForce: d.State.Entries.NotInForce, Extensions: d.extensionStatus,
 		}))
 		if d.opts.LogLevels != nil {
 			mux.Handle("/debug/logging", d.opts.LogLevels.Handler())

@@ -29,7 +29,9 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source"
 )
 
 const services = `
@@ -363,7 +365,7 @@ spec: {hosts: [%s.%s.svc.cluster.local], resolution: STATIC, ports: [{number: %d
 	// An endpoint of a service it watches still reaches it, though the last full push
 	// passed it by: its view of that snapshot is first made for this endpoints-only one,
 	// and must read this one's endpoints (a view shared from the full snapshot did not).
-	e.d.Entries.SetWorkload(&model.Workload{Name: "backend-9", Namespace: "demo", Labels: map[string]string{"app": "backend"}, IPs: []string{"127.10.9.11"}})
+	e.d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: "backend-9", Namespace: "demo", Labels: map[string]string{"app": "backend"}, IPs: []string{"127.10.9.11"}}}})
 	wait(t, sc, hasEndpointIP(backendCluster, "127.10.9.11"))
 	wait(t, fe, hasEndpointIP(backendCluster, "127.10.9.11"))
 	settled(base+1, 2)
@@ -405,7 +407,7 @@ spec:
 `)
 	wait(t, fe, has(adsc.ClusterType, "outbound|9094||selected.other.svc.cluster.local"))
 	settled(base+5, 1)
-	e.d.Entries.SetWorkload(&model.Workload{Name: "selected-1", Namespace: "other", Labels: map[string]string{"app": "selected"}, IPs: []string{"127.10.9.10"}})
+	e.d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: "selected-1", Namespace: "other", Labels: map[string]string{"app": "selected"}, IPs: []string{"127.10.9.10"}}}})
 	wait(t, fe, hasEndpointIP("outbound|9094||selected.other.svc.cluster.local", "127.10.9.10"))
 	settled(base+6, 1)
 	base += 2

@@ -32,9 +32,6 @@ func (d *Discovery) extensions(store server.ConfigStore) (server.ConfigStore, er
 	}
 	d.Modules = f
 	d.Reg.MustRegister(&problemCollector{d: d})
-	if d.Configs == nil {
-		return store, nil
-	}
 	return wasmfetch.NewStore(store, f), nil
 }
 

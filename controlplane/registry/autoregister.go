@@ -7,17 +7,23 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/source"
 )
+
+// ProxiesSource is the name the workloads of connected proxies are published under.
+const ProxiesSource = "proxies"
 
 // DefaultGracePeriod is how long a disconnected proxy stays registered, Istio's
 // PILOT_WORKLOAD_ENTRY_GRACE_PERIOD default.
 const DefaultGracePeriod = 10 * time.Second
 
-// AutoRegistration registers proxies that connect with workload metadata as endpoints of the
-// ServiceEntries that select them, and removes them a grace period after their last
-// connection closes; a reconnect within the grace period keeps the registration.
+// AutoRegistration publishes the workloads of proxies that connect with workload metadata
+// (ServiceEntries select them as endpoints), and withdraws them a grace period after their
+// last connection closes; a reconnect within the grace period keeps the registration. It is
+// the source of workloads named ProxiesSource; what it publishes is published under its
+// lock, one change at a time, in order.
 type AutoRegistration struct {
-	reg     *ServiceEntries
+	sink    source.Sink
 	grace   time.Duration
 	log     *slog.Logger
 	metrics *metrics.Metrics
@@ -30,9 +36,9 @@ type AutoRegistration struct {
 	closed  bool
 }
 
-// NewAutoRegistration registers into reg.
-func NewAutoRegistration(reg *ServiceEntries, grace time.Duration, log *slog.Logger, m *metrics.Metrics) *AutoRegistration {
-	return &AutoRegistration{reg: reg, grace: grace, log: log.With("scope", "autoregistration"), metrics: m,
+// NewAutoRegistration publishes to sink.
+func NewAutoRegistration(sink source.Sink, grace time.Duration, log *slog.Logger, m *metrics.Metrics) *AutoRegistration {
+	return &AutoRegistration{sink: sink, grace: grace, log: log.With("scope", "autoregistration"), metrics: m,
 		conns: map[string]int{}, timers: map[string]*removal{}, current: map[string]*model.Workload{}, health: map[string]model.Health{}}
 }
 
@@ -60,10 +66,10 @@ func (a *AutoRegistration) Connect(w *model.Workload, startUnhealthy bool) {
 		t.timer.Stop()
 		delete(a.timers, key)
 	}
-	a.mu.Unlock()
+	defer a.mu.Unlock()
 	a.log.Debug("workload registered", "workload", key, "ip", w.IPs)
 	a.metrics.AutoRegistrations.Inc()
-	a.reg.SetWorkload(w)
+	a.sink.Workloads(ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{w}})
 }
 
 // Disconnect records a closed connection; after the grace period with no connection the
@@ -100,10 +106,10 @@ func (a *AutoRegistration) expire(w *model.Workload, t *removal) {
 	delete(a.timers, key)
 	delete(a.current, key)
 	delete(a.health, key)
-	a.mu.Unlock()
+	defer a.mu.Unlock()
 	a.log.Info("workload unregistered after grace period", "workload", key)
 	a.metrics.AutoUnregistrations.Inc()
-	a.reg.DeleteWorkload(w.Namespace, w.Name)
+	a.sink.Workloads(ProxiesSource, source.WorkloadEvent{Deleted: []string{key}})
 }
 
 // SetHealth records a health report from a workload's agent; a registered workload's
@@ -128,9 +134,9 @@ func (a *AutoRegistration) SetHealth(namespace, name string, healthy bool, reaso
 	upd := *w
 	upd.Health = h
 	a.current[key] = &upd
-	a.mu.Unlock()
+	defer a.mu.Unlock()
 	a.log.Info("workload health", "workload", key, "healthy", healthy, "reason", reason)
-	a.reg.SetWorkload(&upd)
+	a.sink.Workloads(ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{&upd}})
 }
 
 // Close stops pending removals (the registry is being shut down).

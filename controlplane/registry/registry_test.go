@@ -19,6 +19,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/source"
 )
 
 func parse(t *testing.T, y string) []*config.Config {
@@ -110,7 +111,7 @@ func TestServiceEntryServicesAndEndpoints(t *testing.T) {
 func TestAutoRegistrationIsEndpointsOnlyAndHonoursGracePeriod(t *testing.T) {
 	r, rec, m := newRegistry(t)
 	r.SetConfigs(parse(t, entries))
-	a := NewAutoRegistration(r, time.Hour, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
+	a := NewAutoRegistration(workloadsInto{r}, time.Hour, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
 	defer a.Close()
 	w := &model.Workload{Name: "reviews-1", Namespace: "shop", Labels: map[string]string{"app": "reviews"}, IPs: []string{"127.10.0.1"}, Ports: map[string]uint32{"http": 8081}}
 	a.Connect(w, false)
@@ -168,7 +169,7 @@ spec:
 func TestHealthReportsDriveEndpointHealth(t *testing.T) {
 	r, rec, m := newRegistry(t)
 	r.SetConfigs(parse(t, entries))
-	a := NewAutoRegistration(r, time.Hour, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
+	a := NewAutoRegistration(workloadsInto{r}, time.Hour, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
 	defer a.Close()
 	health := func(ip string) model.Health {
 		for _, e := range r.Endpoints("reviews.shop.svc.cluster.local") {
@@ -381,7 +382,7 @@ func TestKeptEntriesFollowOwnershipAndSelectorIndex(t *testing.T) {
 	assert.Equal(t, []string{"10.2.0.1:80@80"}, eps("f.other.svc.cluster.local"), "an unchanged namespace keeps its index")
 }
 
-// Changes applied by key (UpdateConfigs, as the config sources call it) leave the registry
+// Changes applied by key (Apply, as the mesh state calls it with a source's event) leave the registry
 // as one built from scratch on the same configs, and every host whose service or endpoints
 // differ from before is in the change's event: a random walk over ServiceEntries sharing
 // hosts (the first by namespace/name owns one), selecting WorkloadEntries and
@@ -446,7 +447,11 @@ func TestIncrementalChangesMatchARegistryBuiltFromScratch(t *testing.T) {
 			}
 			changed[c.Key()] = struct{}{}
 		}
-		r.UpdateConfigs(changed, func(k config.Key) *config.Config { return inForce[k] })
+		changes := make(map[config.Key]*config.Config, len(changed))
+		for k := range changed {
+			changes[k] = inForce[k]
+		}
+		r.Apply(changes)
 
 		fresh, _, _ := newRegistry(t)
 		fresh.SetWorkload(&model.Workload{Name: "w", Namespace: "a", Labels: map[string]string{"app": "x"}, IPs: []string{"10.2.0.1"}})
@@ -463,5 +468,23 @@ func TestIncrementalChangesMatchARegistryBuiltFromScratch(t *testing.T) {
 				assert.Contains(t, reported, h, "step %d: %s changed from %q to %q", step, h, before[h], after[h])
 			}
 		}
+	}
+}
+
+// workloadsInto is the sink that hands the workloads auto-registration publishes to a
+// registry, as the mesh state does.
+type workloadsInto struct{ r *ServiceEntries }
+
+func (w workloadsInto) Configs(string, source.ConfigEvent)     {}
+func (w workloadsInto) Services(string, source.ServiceEvent)   {}
+func (w workloadsInto) Endpoints(string, source.EndpointEvent) {}
+func (w workloadsInto) Synced(string)                          {}
+func (w workloadsInto) Workloads(_ string, ev source.WorkloadEvent) {
+	for _, wl := range ev.Updated {
+		w.r.SetWorkload(wl)
+	}
+	for _, k := range ev.Deleted {
+		ns, name, _ := strings.Cut(k, "/")
+		w.r.DeleteWorkload(ns, name)
 	}
 }

@@ -130,13 +130,13 @@ func (r *ServiceEntries) SetConfigs(cs []*config.Config) {
 	r.apply(changes)
 }
 
-// UpdateConfigs applies the changed keys of a config source: get returns the config in
-// force for a key, nil once it is gone. Keys of other kinds are ignored.
-func (r *ServiceEntries) UpdateConfigs(changed map[config.Key]struct{}, get func(config.Key) *config.Config) {
+// Apply applies changed configs by key (a nil config: removed), as a config event carries
+// them; keys of other kinds than ServiceEntry and WorkloadEntry are ignored.
+func (r *ServiceEntries) Apply(changed map[config.Key]*config.Config) {
 	changes := map[config.Key]*config.Config{}
-	for k := range changed {
+	for k, c := range changed {
 		if k.Kind == config.ServiceEntry || k.Kind == config.WorkloadEntry {
-			changes[k] = get(k)
+			changes[k] = c
 		}
 	}
 	if len(changes) == 0 {

@@ -19,14 +19,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/debug"
 	"github.com/wasmesh/wasmesh/controlplane/mesh"
+	"github.com/wasmesh/wasmesh/controlplane/meshstate"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source"
 	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
 )
 
@@ -77,7 +78,7 @@ type testMesh struct {
 	t       *testing.T
 	srv     *server.Server
 	metrics *metrics.Metrics
-	entries *registry.ServiceEntries
+	state   *meshstate.State
 	configs *filedir.Source
 	dir     string
 	conn    *grpc.ClientConn
@@ -97,27 +98,19 @@ func newMesh(t *testing.T) *testMesh {
 	m.writeFile("frontend.yaml", frontendYAML)
 	m.writeFile("backend.yaml", backendYAML)
 	m.configs = filedir.New(m.dir, log, m.metrics)
-	require.NoError(t, m.configs.Sync())
-	m.entries = registry.NewServiceEntries(log, m.metrics)
-	m.entries.SetConfigs(m.configs.List())
-	m.setWorkload("frontend", "frontend-1", "127.10.0.1")
-	m.setWorkload("backend", "backend-1", "127.10.0.2")
-	reg := registry.NewAggregate(m.entries)
+	m.state = meshstate.New(log, registry.NewServiceEntries(log, m.metrics), func(r *push.Request) { m.srv.ConfigUpdate(r) },
+		filedir.Name, registry.ProxiesSource)
 
 	opts := server.Defaults()
 	opts.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
 	// Tests reconnect at once on purpose; they are not proxies coming back after a restart.
 	opts.ReconnectWindow = 0
-	m.srv = server.New(log, m.metrics, opts, server.Deps{Registry: reg, Configs: m.configs, Mesh: mesh.Default})
-	reg.AddHandler(m.srv.RegistryHandler)
-	m.configs.AddHandler(func(changed map[config.Key]struct{}) {
-		keys := make([]config.Key, 0, len(changed))
-		for k := range changed {
-			keys = append(keys, k)
-		}
-		m.entries.UpdateConfigs(changed, m.configs.Get)
-		m.srv.ConfigUpdate(push.NewFull(push.ReasonConfig, keys...))
-	})
+	m.srv = server.New(log, m.metrics, opts, server.Deps{Registry: m.state.Registry, Configs: m.state, Mesh: mesh.Default})
+	// The first workloads come before the directory has synced: they are in the first
+	// snapshot, and nothing is pushed for them.
+	m.setWorkload("frontend", "frontend-1", "127.10.0.1")
+	m.setWorkload("backend", "backend-1", "127.10.0.2")
+	require.NoError(t, m.configs.Publish(m.state))
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -164,7 +157,8 @@ func (m *testMesh) removeConfig(name string) {
 // setWorkload adds or updates a workload of app in demo (an endpoints-only push of its
 // service).
 func (m *testMesh) setWorkload(app, name, ip string) {
-	m.entries.SetWorkload(&model.Workload{Name: name, Namespace: "demo", Labels: map[string]string{"app": app}, IPs: []string{ip}})
+	m.state.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{
+		{Name: name, Namespace: "demo", Labels: map[string]string{"app": app}, IPs: []string{ip}}}})
 }
 
 // syncz returns what /debug/syncz shows of a proxy's connection, by short type ("cds", ...);

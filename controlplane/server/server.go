@@ -174,17 +174,6 @@ func (s *Server) ConfigUpdate(r *push.Request) {
 	}
 }
 
-// RegistryHandler turns registry events into push requests.
-func (s *Server) RegistryHandler(ev registry.Event) {
-	if ev.Full {
-		r := push.NewFull(push.ReasonService)
-		r.EDSHosts = ev.Hosts
-		s.ConfigUpdate(r)
-		return
-	}
-	s.ConfigUpdate(push.NewEDS(ev.Hosts))
-}
-
 // Snapshot returns the snapshot in force (nil before the first build).
 func (s *Server) Snapshot() *push.Snapshot { return s.snapshot.Load() }
 

@@ -124,7 +124,11 @@ func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
 						delete(configs, k)
 					}
 				}
-				f.reg.UpdateConfigs(changed, func(k config.Key) *config.Config { return configs[k] })
+				changes := make(map[config.Key]*config.Config, len(changed))
+				for k := range changed {
+					changes[k] = configs[k]
+				}
+				f.reg.Apply(changes)
 				full := ev.Full
 				for h := range ev.Hosts {
 					if svc := snap.Service(h); svc != nil && svc.Resolution != model.ClientSideLB {

@@ -18,7 +18,9 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source"
 )
 
 // loadRun is xdsload's loop running against a real discovery serving config.
@@ -85,7 +87,7 @@ func TestLoadClientsReportConvergence(t *testing.T) {
 		require.NoError(t, r.d.Configs.Sync())
 		assert.True(t, strings.HasPrefix(r.ask("cluster "+bench.ClusterName(7)), "done "))
 
-		r.d.Entries.SetWorkload(&model.Workload{Name: "w", Namespace: "load", Labels: map[string]string{"app": "svc-1"}, IPs: []string{"10.99.0.1"}})
+		r.d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: "w", Namespace: "load", Labels: map[string]string{"app": "svc-1"}, IPs: []string{"10.99.0.1"}}}})
 		line := r.ask("endpoint " + bench.ClusterName(1) + " 10.99.0.1")
 		assert.True(t, strings.HasPrefix(line, "done ") && strings.HasSuffix(line, " 5"), line)
 
@@ -100,7 +102,7 @@ func TestEndpointWatchersAreTheProxiesInScope(t *testing.T) {
 	// 20 services in two scopes of 10; proxies 0, 2, 4 in the first, 1 and 3 in the second.
 	r := startLoad(t, bench.ScopedConfig(20), options{proxies: 5, delta: true, namespaces: 2})
 	assert.Equal(t, "ready", r.next())
-	r.d.Entries.SetWorkload(&model.Workload{Name: "w", Namespace: "load", Labels: map[string]string{"app": "svc-12"}, IPs: []string{"10.99.0.2"}})
+	r.d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: "w", Namespace: "load", Labels: map[string]string{"app": "svc-12"}, IPs: []string{"10.99.0.2"}}}})
 	line := r.ask("endpoint-watchers " + bench.ClusterName(12) + " 10.99.0.2")
 	assert.True(t, strings.HasPrefix(line, "done ") && strings.HasSuffix(line, " 2"), line)
 	r.stop()

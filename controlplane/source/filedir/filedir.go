@@ -1,6 +1,7 @@
 // Package filedir is a config source reading Istio YAML from a directory tree and watching it
 // with fsnotify. A rejected document is reported (log, metric, status) and its last good
-// version stays in force; every other document applies.
+// version stays in force; every other document applies. What changes in force is published
+// to a source.Sink (the configs added or changed, the keys gone); nothing reads it back.
 package filedir
 
 import (
@@ -23,6 +24,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/source"
 )
 
 // DocStatus is the outcome of the latest read of one document, for /debug/configz.
@@ -45,8 +47,8 @@ type DocStatus struct {
 // after all.
 func (st DocStatus) InForce() *config.Config { return st.cfg }
 
-// Handler receives the keys of configs that were added, changed or removed.
-type Handler func(changed map[config.Key]struct{})
+// Name is the source's name in events and debug output.
+const Name = "configDir"
 
 // Source reads and watches a config directory.
 type Source struct {
@@ -78,7 +80,10 @@ type Source struct {
 	// document falls back to it even if a read in between saw the file empty (an editor
 	// truncating before it writes).
 	lastGood map[string]lastGood // by file
-	handlers []Handler
+	// sink receives every change once Publish (or Run) has set it; synced says a read
+	// happened, so Publish need not read again.
+	sink   source.Sink
+	synced bool
 	// watching is closed once Run watches the tree.
 	watching     chan struct{}
 	watchingOnce sync.Once
@@ -102,25 +107,35 @@ func New(dir string, log *slog.Logger, m *metrics.Metrics) *Source {
 		lastGood: map[string]lastGood{}, watching: make(chan struct{})}
 }
 
-// AddHandler registers h for later changes. Register before Run.
-func (s *Source) AddHandler(h Handler) {
+// Name implements source.Source.
+func (s *Source) Name() string { return Name }
+
+// Publish makes sink the receiver of every later change and publishes what is in force now
+// (reading the directory first unless Sync already did), then says the source is synced.
+func (s *Source) Publish(sink source.Sink) error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if !s.synced {
+		files, err := s.walk()
+		if err != nil {
+			return err
+		}
+		s.apply(files, nil)
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.handlers = append(s.handlers, h)
+	s.sink = sink
+	all := slices.Clone(s.sorted)
+	s.mu.Unlock()
+	sink.Configs(Name, source.ConfigEvent{Updated: all})
+	sink.Synced(Name)
+	return nil
 }
 
-// List returns the configs in force, sorted.
-func (s *Source) List() []*config.Config {
+// InForce is the number of configs in force.
+func (s *Source) InForce() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return slices.Clone(s.sorted)
-}
-
-// Get returns the config in force for key, or nil.
-func (s *Source) Get(key config.Key) *config.Config {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.current[key]
+	return len(s.current)
 }
 
 // Status returns the per-document status of the latest read.
@@ -144,7 +159,7 @@ func isConfigFile(name string) bool {
 	return false
 }
 
-// Sync reads the whole directory, applies what is valid and notifies handlers of changes.
+// Sync reads the whole directory, applies what is valid and publishes what changed.
 // It returns an error only when the directory itself cannot be read.
 func (s *Source) Sync() error { return s.sync(nil) }
 
@@ -270,7 +285,7 @@ func (s *Source) hasFilesUnder(rel string) bool {
 }
 
 // apply reads files (only those in reread when it is not nil: the others hold the bytes
-// read last time), applies what is valid and notifies handlers of changes.
+// read last time), applies what is valid and publishes what changed.
 //
 // A walk (reread nil) goes through every document. A read of named paths goes through the
 // documents of the files whose bytes changed (or that came or went) and, elsewhere, only the
@@ -576,7 +591,7 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 	}
 	s.spare.status, s.spare.parsed = s.status, s.parsed
 	s.current, s.status, s.lastErrs, s.parsed, s.unreadable = next, status, errs, parsed, unreadable
-	s.sorted = updateSorted(s.sorted, next, changed)
+	s.sorted = config.UpdateSorted(s.sorted, next, changed)
 	// Remember the last good version of what is in force, by file: what files read anew
 	// provide and what changed (the rest is remembered already). A file that is gone (or
 	// unreadable) takes its last good versions with it.
@@ -607,39 +622,29 @@ func (s *Source) apply(files []string, reread map[string]bool) {
 			delete(s.lastGood, file)
 		}
 	}
-	handlers := append([]Handler(nil), s.handlers...)
+	s.synced = true
+	sink := s.sink
 	s.mu.Unlock()
 	if len(changed) > 0 {
 		s.log.Info("config changed", "configs", len(changed))
-		for _, h := range handlers {
-			h(changed)
+		if sink != nil {
+			sink.Configs(Name, changeEvent(changed, next))
 		}
 	}
 }
 
-// updateSorted brings sorted, the configs in force before, up to date with next: a few
-// changed keys are replaced, inserted or removed in place, many rebuild the list.
-func updateSorted(sorted []*config.Config, next map[config.Key]*config.Config, changed map[config.Key]struct{}) []*config.Config {
-	if sorted == nil || len(changed) > len(next)/16 {
-		sorted = make([]*config.Config, 0, len(next))
-		for _, c := range next {
-			sorted = append(sorted, c)
-		}
-		config.SortConfigs(sorted)
-		return sorted
-	}
+// changeEvent is the event of the changed keys: the configs now in force for them, and the
+// keys no longer in force.
+func changeEvent(changed map[config.Key]struct{}, next map[config.Key]*config.Config) source.ConfigEvent {
+	var ev source.ConfigEvent
 	for k := range changed {
-		i, found := slices.BinarySearchFunc(sorted, k, func(c *config.Config, k config.Key) int { return config.CompareKeys(c.Key(), k) })
-		switch c, ok := next[k]; {
-		case ok && found:
-			sorted[i] = c
-		case ok:
-			sorted = slices.Insert(sorted, i, c)
-		case found:
-			sorted = slices.Delete(sorted, i, i+1)
+		if c := next[k]; c != nil {
+			ev.Updated = append(ev.Updated, c)
+		} else {
+			ev.Deleted = append(ev.Deleted, k)
 		}
 	}
-	return sorted
+	return ev
 }
 
 // readChanged reads a file, or returns had when the file holds exactly those bytes: an
@@ -701,9 +706,12 @@ func eventName(existed bool) string {
 // Watching is closed once Run watches the directory tree: a change made after it is seen.
 func (s *Source) Watching() <-chan struct{} { return s.watching }
 
-// Run watches the directory until ctx ends, resyncing on every change. The caller should
-// Sync once before Run so the first push sees the initial configs.
-func (s *Source) Run(ctx context.Context) error {
+// Run implements source.Source: it publishes what is in force to sink (Publish), then
+// watches the directory until ctx ends, reading again what changes.
+func (s *Source) Run(ctx context.Context, sink source.Sink) error {
+	if err := s.Publish(sink); err != nil {
+		return err
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", s.dir, err)

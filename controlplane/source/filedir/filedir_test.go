@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,8 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
+	"github.com/wasmesh/wasmesh/controlplane/source"
+	"github.com/wasmesh/wasmesh/controlplane/source/sourcetest"
 )
 
 func se(name string, port int) string {
@@ -34,30 +35,60 @@ func write(t testing.TB, path, data string) {
 	require.NoError(t, os.WriteFile(path, []byte(data), 0o644))
 }
 
-// newSource returns a source for dir that logs nowhere.
+// newSource returns a source for dir that logs nowhere, publishing to a recorder.
 func newSource(dir string) *Source {
-	return New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	return record(New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry())))
 }
 
-// watch runs the source's watcher until the test ends.
+// record makes a recorder the source's sink: what the source publishes from now on adds up
+// there (list, changes).
+func record(s *Source) *Source {
+	s.sink = sourcetest.NewRecorder()
+	return s
+}
+
+// list is the configs the source's events put in force, sorted.
+func list(s *Source) []*config.Config { return s.sink.(*sourcetest.Recorder).List() }
+
+// changes is the keys of each change event the source published.
+func changes(s *Source) []map[config.Key]struct{} {
+	var out []map[config.Key]struct{}
+	for _, ev := range s.sink.(*sourcetest.Recorder).ConfigEvents() {
+		out = append(out, eventKeys(ev))
+	}
+	return out
+}
+
+func eventKeys(ev source.ConfigEvent) map[config.Key]struct{} {
+	keys := map[config.Key]struct{}{}
+	for _, c := range ev.Updated {
+		keys[c.Key()] = struct{}{}
+	}
+	for _, k := range ev.Deleted {
+		keys[k] = struct{}{}
+	}
+	return keys
+}
+
+// watch runs the source's watcher until the test ends, publishing to its recorder.
 func watch(t *testing.T, s *Source) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	go func() { done <- s.Run(ctx) }()
+	go func() { done <- s.Run(ctx, s.sink) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 }
 
 // configNames lists the names of the configs in force, in order.
 func configNames(s *Source) []string {
 	var out []string
-	for _, c := range s.List() {
+	for _, c := range list(s) {
 		out = append(out, c.Name)
 	}
 	return out
 }
 
 func portOf(t *testing.T, s *Source, name string) uint32 {
-	for _, c := range s.List() {
+	for _, c := range list(s) {
 		if c.Name == name {
 			return c.Spec.(*networking.ServiceEntry).GetPorts()[0].GetNumber()
 		}
@@ -69,22 +100,20 @@ func portOf(t *testing.T, s *Source, name string) uint32 {
 func TestBadDocumentKeepsLastGoodAndOthersApply(t *testing.T) {
 	dir := t.TempDir()
 	m := metrics.New(prometheus.NewRegistry())
-	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), m)
-	var changes []map[config.Key]struct{}
-	s.AddHandler(func(c map[config.Key]struct{}) { changes = append(changes, c) })
+	s := record(New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), m))
 
 	write(t, filepath.Join(dir, "a.yaml"), se("a", 8080)+"---\n"+se("b", 8081))
 	require.NoError(t, s.Sync())
-	require.Len(t, s.List(), 2)
-	require.Len(t, changes, 1)
+	require.Len(t, list(s), 2)
+	require.Len(t, changes(s), 1)
 
 	// b breaks (port out of range), a changes: a applies, b keeps its last good version.
 	write(t, filepath.Join(dir, "a.yaml"), se("a", 9090)+"---\n"+se("b", 99999))
 	require.NoError(t, s.Sync())
 	assert.Equal(t, uint32(9090), portOf(t, s, "a"))
 	assert.Equal(t, uint32(8081), portOf(t, s, "b"))
-	require.Len(t, changes, 2)
-	assert.Equal(t, map[config.Key]struct{}{{Kind: config.ServiceEntry, Namespace: "default", Name: "a"}: {}}, changes[1])
+	require.Len(t, changes(s), 2)
+	assert.Equal(t, map[config.Key]struct{}{{Kind: config.ServiceEntry, Namespace: "default", Name: "a"}: {}}, changes(s)[1])
 	st := s.Status()
 	require.Len(t, st, 2)
 	assert.Equal(t, "rejected (last good kept)", st[1].Status)
@@ -104,7 +133,7 @@ func TestBadDocumentKeepsLastGoodAndOthersApply(t *testing.T) {
 	// Deleting the file removes its configs.
 	require.NoError(t, os.Remove(filepath.Join(dir, "a.yaml")))
 	require.NoError(t, s.Sync())
-	assert.Empty(t, s.List())
+	assert.Empty(t, list(s))
 }
 
 func TestDuplicateKeyAcrossFilesRejected(t *testing.T) {
@@ -126,7 +155,7 @@ func TestUnnamedDocumentKeepsWhatItsPositionHeld(t *testing.T) {
 	f := filepath.Join(dir, "f.yaml")
 	names := func() []string {
 		var out []string
-		for _, c := range s.List() {
+		for _, c := range list(s) {
 			out = append(out, c.Name+"@"+c.Source)
 		}
 		return out
@@ -150,15 +179,6 @@ func TestUnnamedDocumentKeepsWhatItsPositionHeld(t *testing.T) {
 func TestRunWatchesDirectory(t *testing.T) {
 	dir := t.TempDir()
 	s := newSource(dir)
-	var mu sync.Mutex
-	seen := map[config.Key]bool{}
-	s.AddHandler(func(c map[config.Key]struct{}) {
-		mu.Lock()
-		defer mu.Unlock()
-		for k := range c {
-			seen[k] = true
-		}
-	})
 	require.NoError(t, s.Sync())
 	watch(t, s)
 
@@ -167,9 +187,7 @@ func TestRunWatchesDirectory(t *testing.T) {
 	// between Run's start and the first write.
 	require.Eventually(t, func() bool {
 		write(t, filepath.Join(dir, "late.yaml"), se("late", 8080))
-		mu.Lock()
-		defer mu.Unlock()
-		return seen[key]
+		return s.sink.(*sourcetest.Recorder).Get(key) != nil
 	}, 10*time.Second, 50*time.Millisecond)
 }
 
@@ -182,7 +200,7 @@ func TestLastGoodSurvivesAnEmptyReadInBetween(t *testing.T) {
 	require.NoError(t, s.Sync())
 	write(t, filepath.Join(dir, "a.yaml"), "")
 	require.NoError(t, s.Sync())
-	assert.Empty(t, s.List())
+	assert.Empty(t, list(s))
 	write(t, filepath.Join(dir, "a.yaml"), se("a", 9090)+"---\n"+se("b", 0))
 	require.NoError(t, s.Sync())
 	assert.Equal(t, uint32(9090), portOf(t, s, "a"))
@@ -193,7 +211,7 @@ func TestLastGoodSurvivesAnEmptyReadInBetween(t *testing.T) {
 	require.NoError(t, s.Sync())
 	write(t, filepath.Join(dir, "a.yaml"), se("b", 0))
 	require.NoError(t, s.Sync())
-	assert.Empty(t, s.List())
+	assert.Empty(t, list(s))
 }
 
 // An unchanged file is recognised without a copy; any change, including one past the first
@@ -236,8 +254,6 @@ func TestReadChangedKeepsUnchangedBytes(t *testing.T) {
 func TestListFollowsSmallChanges(t *testing.T) {
 	dir := t.TempDir()
 	s := newSource(dir)
-	var changes []map[config.Key]struct{}
-	s.AddHandler(func(changed map[config.Key]struct{}) { changes = append(changes, changed) })
 	big := func(port int) string {
 		var b strings.Builder
 		for i := range 40 {
@@ -255,7 +271,7 @@ func TestListFollowsSmallChanges(t *testing.T) {
 	check := func(want ...string) {
 		t.Helper()
 		var names []string
-		for _, c := range s.List() {
+		for _, c := range list(s) {
 			names = append(names, c.Name)
 		}
 		slices.Sort(want)
@@ -271,7 +287,7 @@ func TestListFollowsSmallChanges(t *testing.T) {
 	write(t, filepath.Join(dir, "big.yaml"), big(80))
 	require.NoError(t, s.Sync())
 	check(all()...)
-	unchanged := s.List()[0]
+	unchanged := list(s)[0]
 
 	write(t, filepath.Join(dir, "extra.yaml"), se("aaa", 80)) // sorts first
 	require.NoError(t, s.Sync())
@@ -281,8 +297,8 @@ func TestListFollowsSmallChanges(t *testing.T) {
 	require.NoError(t, s.Sync())
 	check(all("aaa")...)
 	assert.Equal(t, uint32(9090), portOf(t, s, "svc-7"))
-	assert.Same(t, unchanged, s.List()[1], "an unchanged config of a re-read file keeps its pointer")
-	assert.Equal(t, map[config.Key]struct{}{{Kind: config.ServiceEntry, Namespace: config.DefaultNamespace, Name: "svc-7"}: {}}, changes[len(changes)-1])
+	assert.Same(t, unchanged, list(s)[1], "an unchanged config of a re-read file keeps its pointer")
+	assert.Equal(t, map[config.Key]struct{}{{Kind: config.ServiceEntry, Namespace: config.DefaultNamespace, Name: "svc-7"}: {}}, changes(s)[len(changes(s))-1])
 
 	write(t, filepath.Join(dir, "extra.yaml"), se("zzz", 80)) // one out, one in at the end
 	require.NoError(t, s.Sync())
@@ -292,9 +308,9 @@ func TestListFollowsSmallChanges(t *testing.T) {
 	write(t, filepath.Join(dir, "moved.yaml"), se("zzz", 80))
 	require.NoError(t, s.Sync())
 	check(all("zzz")...)
-	moved := s.List()[len(s.List())-1]
+	moved := list(s)[len(list(s))-1]
 	assert.Equal(t, "moved.yaml#1", moved.Source)
-	assert.Contains(t, changes[len(changes)-1], moved.Key(), "a config that moved files is a change of its source")
+	assert.Contains(t, changes(s)[len(changes(s))-1], moved.Key(), "a config that moved files is a change of its source")
 }
 
 // What the watcher saw is what is read again: a file it did not name is not (its change is
@@ -379,19 +395,18 @@ func TestSyncPathsMatchesAWalkOfTheTree(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	dirA, dirB := t.TempDir(), t.TempDir()
 	a, b := newSource(dirA), newSource(dirB)
-	var changedA, changedB []string
-	record := func(into *[]string) Handler {
-		return func(changed map[config.Key]struct{}) {
-			keys := make([]string, 0, len(changed))
-			for k := range changed {
+	changed := func(s *Source) []string {
+		var out []string
+		for _, c := range changes(s) {
+			keys := make([]string, 0, len(c))
+			for k := range c {
 				keys = append(keys, k.String())
 			}
 			slices.Sort(keys)
-			*into = append(*into, strings.Join(keys, ","))
+			out = append(out, strings.Join(keys, ","))
 		}
+		return out
 	}
-	a.AddHandler(record(&changedA))
-	b.AddHandler(record(&changedB))
 	doc := func() string {
 		name := "svc-" + strconv.Itoa(rng.IntN(12))
 		switch rng.IntN(10) {
@@ -405,7 +420,7 @@ func TestSyncPathsMatchesAWalkOfTheTree(t *testing.T) {
 	}
 	state := func(s *Source) string {
 		var out strings.Builder
-		for _, c := range s.List() {
+		for _, c := range list(s) {
 			out.WriteString(c.Key().String() + " " + c.Source + " " + strconv.Itoa(int(c.Spec.(*networking.ServiceEntry).GetPorts()[0].GetNumber())) + "\n")
 		}
 		for _, st := range s.Status() {
@@ -439,6 +454,31 @@ func TestSyncPathsMatchesAWalkOfTheTree(t *testing.T) {
 		require.NoError(t, a.SyncPaths(map[string]struct{}{filepath.Join(dirA, rel): {}}))
 		require.NoError(t, b.Sync())
 		require.Equal(t, state(b), state(a), "step %d: %s", step, rel)
-		require.Equal(t, changedB, changedA, "step %d: %s", step, rel)
+		require.Equal(t, changed(b), changed(a), "step %d: %s", step, rel)
+		require.Equal(t, a.sorted, list(a), "step %d: the events add up to what is in force", step)
 	}
+}
+
+// Publish hands a sink everything in force as one event, says the source is synced, and
+// from then on every change; the events add up to what the directory holds.
+func TestPublishSendsWhatIsInForceThenEveryChange(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 8080)+"---\n"+se("b", 8081))
+	s := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
+	rec := sourcetest.NewRecorder()
+	require.NoError(t, s.Publish(rec))
+	require.True(t, rec.IsSynced(Name))
+	require.Len(t, rec.ConfigEvents(), 1)
+	assert.Len(t, rec.ConfigEvents()[0].Updated, 2, "the first event carries everything in force")
+
+	write(t, filepath.Join(dir, "a.yaml"), se("a", 9090))
+	require.NoError(t, s.Sync())
+	evs := rec.ConfigEvents()
+	require.Len(t, evs, 2)
+	last := evs[1]
+	require.Len(t, last.Updated, 1)
+	assert.Equal(t, "a", last.Updated[0].Name)
+	assert.Equal(t, []config.Key{{Kind: config.ServiceEntry, Namespace: "default", Name: "b"}}, last.Deleted)
+	require.Len(t, rec.List(), 1)
+	assert.Equal(t, "a", rec.List()[0].Name)
 }

@@ -37,7 +37,7 @@ func BenchmarkSyncOneChangedFile(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			require.Len(b, s.List(), 3001)
+			require.Len(b, list(s), 3001)
 		})
 	}
 }
@@ -65,5 +65,5 @@ func BenchmarkSyncNewFile(b *testing.B) {
 		require.NoError(b, s.SyncPaths(map[string]struct{}{extra: {}}))
 	}
 	b.StopTimer()
-	require.Len(b, s.List(), 3600+2*b.N)
+	require.Len(b, list(s), 3600+2*b.N)
 }
