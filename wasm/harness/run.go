@@ -214,7 +214,7 @@ const (
 type run struct {
 	h    *Harness
 	s    *host.HTTPStream
-	f    *httpfilter.Filter
+	f    httpfilter.Filter
 	sig  *signalBox
 	rep  *Report
 	req  *Request
@@ -253,14 +253,14 @@ func (h *Harness) Do(ctx context.Context, req Request) (*Report, error) {
 		return nil, fmt.Errorf("harness: %w", err)
 	}
 	r := &run{h: h, s: s, sig: box, rep: &Report{Worker: s.Worker()}, req: &req, last: [2]int{-1, -1}}
-	r.f = httpfilter.New(s, httpfilter.Config{BufferLimit: h.opts.BufferLimit, OnCallback: r.record, OnFailure: r.addFailure})
+	r.f = httpfilter.New(s, httpfilter.Config{BufferLimit: h.opts.BufferLimit, Observer: r})
 	r.exchange(ctx)
 	start := req.Info.StartTime
 	s.UpdateInfo(func(i *host.StreamInfo) { i.Duration = h.clock.Now().Sub(start) })
 	r.f.Finish(ctx)
 	r.rep.Phases = append(r.rep.Phases, PhaseReport{Phase: PhaseLog})
 	if f := s.Failed(); f != nil {
-		r.addFailure(f)
+		r.Failure(f)
 	}
 
 	h.mu.Lock()
@@ -277,7 +277,8 @@ func (h *Harness) Do(ctx context.Context, req Request) (*Report, error) {
 	return r.rep, nil
 }
 
-func (r *run) addFailure(f *host.Failure) {
+// Failure records a failure of the guest (an httpfilter.Observer method).
+func (r *run) Failure(f *host.Failure) {
 	for _, g := range r.rep.Failures {
 		if g == f {
 			return
@@ -286,8 +287,8 @@ func (r *run) addFailure(f *host.Failure) {
 	r.rep.Failures = append(r.rep.Failures, f)
 }
 
-// record reports one callback.
-func (r *run) record(cb httpfilter.Callback) {
+// Callback reports one callback (an httpfilter.Observer method).
+func (r *run) Callback(cb httpfilter.Callback) {
 	res, dir := cb.Result, cb.Phase.Dir()
 	r.last[dir] = len(r.rep.Phases)
 	r.rep.Phases = append(r.rep.Phases, PhaseReport{Phase: phaseNames[cb.Phase], Action: res.Action,
@@ -316,7 +317,7 @@ func (r *run) apply(v httpfilter.Verdict) {
 // guest's signals in, and virtual time pass, whenever the filter holds it, until the
 // direction went through or the stream's fate was decided.
 func (r *run) direction(ctx context.Context, dir host.StreamType, h *host.Headers, body [][]byte, trailers *host.Headers) {
-	f := r.f
+	f := &r.f
 	r.apply(f.Headers(ctx, dir, h, len(body) == 0 && trailers == nil))
 	ready := func() bool { return f.Accepting(dir) || !f.Held(dir) }
 	for i, chunk := range body {

@@ -87,8 +87,8 @@ func (f *Filter) Trailers(ctx context.Context, dir host.StreamType, t *host.Head
 // closed (its 503) or open (everything the filter held goes on, and the filter is out of
 // the stream).
 func (f *Filter) Signal(ctx context.Context, sig host.Signal) Verdict {
-	if sig.Kind == host.SignalFailed && sig.Failure != nil && f.cfg.OnFailure != nil {
-		f.cfg.OnFailure(sig.Failure)
+	if sig.Kind == host.SignalFailed && sig.Failure != nil && f.cfg.Observer != nil {
+		f.cfg.Observer.Failure(sig.Failure)
 	}
 	if f.over {
 		return Verdict{}
@@ -134,8 +134,8 @@ func (f *Filter) call(ctx context.Context, sd *side, k kind, m *host.Headers, ch
 	default:
 		res = f.s.OnResponseTrailers(ctx, m)
 	}
-	if f.cfg.OnCallback != nil {
-		f.cfg.OnCallback(Callback{Phase: Phase(uint8(sd.dir)*3 + uint8(k)), Result: res})
+	if f.cfg.Observer != nil {
+		f.cfg.Observer.Callback(Callback{Phase: Phase(uint8(sd.dir)*3 + uint8(k)), Result: res})
 	}
 	return res
 }
@@ -144,8 +144,8 @@ func (f *Filter) call(ctx context.Context, sd *side, k kind, m *host.Headers, ch
 // reply; fail open: the guest is out of the stream), a local reply, a reset. It reports
 // whether the callback stopped its direction.
 func (f *Filter) settle(ctx context.Context, sd *side, res host.Result) (Verdict, bool) {
-	if res.Failure != nil && f.cfg.OnFailure != nil {
-		f.cfg.OnFailure(res.Failure)
+	if res.Failure != nil && f.cfg.Observer != nil {
+		f.cfg.Observer.Failure(res.Failure)
 	}
 	switch {
 	case res.LocalResponse != nil:

@@ -61,11 +61,18 @@ type Config struct {
 	// BufferLimit is how much body the filter may hold per direction (Envoy's
 	// per_connection_buffer_limit_bytes); 0 means no limit.
 	BufferLimit int
-	// OnCallback, if set, sees every callback's result, in order.
-	OnCallback func(Callback)
-	// OnFailure, if set, is told of every failure of the guest that reaches the stream, from
-	// a callback or a signal.
-	OnFailure func(*host.Failure)
+	// Observer, if set, sees what the filter does.
+	Observer Observer
+}
+
+// Observer sees what a Filter does.
+type Observer interface {
+	// Callback sees every callback's result, in order, including the ones stood in for once
+	// the guest failed open (Skipped).
+	Callback(Callback)
+	// Failure is told of every failure of the guest that reaches the stream, from a
+	// callback or a signal.
+	Failure(*host.Failure)
 }
 
 // Out is what the filter let go on in one direction since the last Take.
@@ -155,9 +162,10 @@ type side struct {
 
 func (sd *side) holds() bool { return sd.headersHeld || sd.dataHeld || sd.trailersHeld }
 
-// New returns the filter of stream s.
-func New(s Stream, cfg Config) *Filter {
-	f := &Filter{s: s, cfg: cfg}
+// New returns the filter of stream s, to keep where it is used (its methods change it),
+// such as a field of the proxy's own per-stream state.
+func New(s Stream, cfg Config) Filter {
+	f := Filter{s: s, cfg: cfg}
 	f.sides[host.StreamRequest].dir = host.StreamRequest
 	f.sides[host.StreamResponse].dir = host.StreamResponse
 	return f

@@ -361,14 +361,19 @@ func TestStreamSemantics(t *testing.T) {
 			if g.script == nil {
 				g.script = map[Phase][]host.Result{}
 			}
-			f := New(g, Config{BufferLimit: tc.limit, OnFailure: func(fl *host.Failure) {
-				log = append(log, "failure "+string(fl.Kind))
-			}})
+			f := New(g, Config{BufferLimit: tc.limit, Observer: failureLog{&log}})
 			for _, ev := range tc.events {
-				v := ev.do(ctx, f)
-				log = append(log, ev.text+": "+describe(f, ev.dir, v))
+				v := ev.do(ctx, &f)
+				log = append(log, ev.text+": "+describe(&f, ev.dir, v))
 			}
 			assert.Equal(t, tc.want, log)
 		})
 	}
 }
+
+// failureLog writes the failures the filter reports to the transcript.
+type failureLog struct{ log *[]string }
+
+func (failureLog) Callback(Callback) {}
+
+func (l failureLog) Failure(f *host.Failure) { *l.log = append(*l.log, "failure "+string(f.Kind)) }

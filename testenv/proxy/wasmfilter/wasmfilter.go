@@ -203,9 +203,7 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 		}
 	}
 	sc := m.opts.Store.Scope("wasm." + pluginName)
-	c := &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams"), bufs: hctx.Buffers}
-	c.onFailure = func(*host.Failure) { c.failures.Inc() }
-	return c, nil
+	return &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams"), bufs: hctx.Buffers}, nil
 }
 
 // bytesOf reads a plugin or VM configuration: StringValue or BytesValue (Istio sends
@@ -365,12 +363,19 @@ func (m *Manager) dispatch(ctx context.Context, req *host.HTTPCallRequest, done 
 
 // Config is one configured Wasm filter.
 type Config struct {
-	plugin    *host.Plugin
-	failOpen  bool
-	failures  *stats.Counter
-	onFailure func(*host.Failure) // counts failures
-	bufs      *hcm.BufferPool
+	plugin   *host.Plugin
+	failOpen bool
+	failures *stats.Counter
+	bufs     *hcm.BufferPool
 }
+
+// failureCounter counts the guest's failures (wasm.<plugin>.failed_streams) for the
+// stream's httpfilter.Filter.
+type failureCounter struct{ *stats.Counter }
+
+func (failureCounter) Callback(httpfilter.Callback) {}
+
+func (c failureCounter) Failure(*host.Failure) { c.Inc() }
 
 // Plugin is the plugin behind the config.
 func (c *Config) Plugin() *host.Plugin { return c.plugin }
@@ -396,7 +401,7 @@ func (c *Config) NewFilter(s *hcm.Stream) (hcm.Filter, error) {
 		return nil, err
 	}
 	f.stream = st
-	f.fm = httpfilter.New(st, httpfilter.Config{BufferLimit: s.BufferLimit(), OnFailure: c.onFailure})
+	f.fm = httpfilter.New(st, httpfilter.Config{BufferLimit: s.BufferLimit(), Observer: failureCounter{c.failures}})
 	return f, nil
 }
 
@@ -414,7 +419,7 @@ type filter struct {
 	stream  *host.HTTPStream
 	signals chan host.Signal
 	mu      sync.Mutex // serializes fm
-	fm      *httpfilter.Filter
+	fm      httpfilter.Filter
 	// respT are the response trailers given to the filter (nil: none).
 	respT *host.Headers
 }
