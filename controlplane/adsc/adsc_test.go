@@ -65,7 +65,7 @@ func newMesh(t *testing.T) *mesh {
 	m.writeFile("backend.yaml", backendYAML)
 	opts := discovery.Options{ConfigDir: m.dir, GRPCAddr: "127.0.0.1:0", Server: server.Defaults(),
 		ShutdownGrace: time.Second, WasmCacheDir: t.TempDir()}
-	opts.Server.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
+	opts.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
 	opts.Server.ReconnectWindow = 0
 	var logOut io.Writer = io.Discard
 	if os.Getenv("WASMESH_TEST_LOG") != "" {

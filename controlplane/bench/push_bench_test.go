@@ -274,7 +274,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	stopProfile()
 	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)
 	writeHeapProfile(b, "wasmesh", sc)
-	debounce := opts.Server.Debounce.After
+	debounce := opts.Debounce.After
 	op := &operator{}
 	report := func(b *testing.B) {
 		b.ReportMetric((connected.cpu - connectBefore.cpu).Seconds(), "connect-server-cpu-s")
@@ -329,7 +329,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	// finding that no connection is concerned). The new service also makes the next changes
 	// the first endpoints-only pushes after a full push that passed every proxy by.
 	require.NoError(b, os.WriteFile(filepath.Join(dir, "unimported.yaml"), []byte(ServiceEntryIn("unimported", "ghost")), 0o644))
-	require.Eventually(b, func() bool { return d.Server.Snapshot().Service("ghost.unimported.svc.cluster.local") != nil }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(b, func() bool { return d.Pusher.Snapshot().Service("ghost.unimported.svc.cluster.local") != nil }, 10*time.Second, 10*time.Millisecond)
 	period := debounce + 3*time.Millisecond
 	b.Run("change=idle", func(b *testing.B) {
 		measure(b, loader, bytes, op, memPerProxy, 0, func(int) (time.Time, time.Time) {
@@ -357,7 +357,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 			start := time.Now()
 			op.write(b, filepath.Join(dir, name+".yaml"), ServiceEntryIn("unimported", name)+"---\n"+workloadEntryIn("unimported", name, IP(next)))
 			host := name + ".unimported.svc.cluster.local"
-			for d.Server.Snapshot().Service(host) == nil {
+			for d.Pusher.Snapshot().Service(host) == nil {
 				require.Less(b, time.Since(start), 10*time.Second, "%s never reached a snapshot", host)
 				time.Sleep(5 * time.Millisecond)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/mesh"
 	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
@@ -23,10 +24,12 @@ import (
 
 // Deps are what the endpoints read.
 type Deps struct {
+	// Pusher decides what to send (snapshots, pushes); Server sends it (connections).
+	Pusher *pusher.Pusher
 	Server *server.Server
 	// Configs lists the configs in force; Documents the directory's documents and their
 	// status (may be nil).
-	Configs   server.ConfigStore
+	Configs   pusher.ConfigStore
 	Documents func() []filedir.DocStatus
 	Mesh      *mesh.Watcher // may be nil
 	Registry  registry.Registry
@@ -54,7 +57,7 @@ func Handler(d Deps) http.Handler {
 	mux.HandleFunc("/debug/syncz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, syncz(d)) })
 	mux.HandleFunc("/debug/configz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, configz(d)) })
 	mux.HandleFunc("/debug/registryz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, registryz(d)) })
-	mux.HandleFunc("/debug/push_status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, d.Server.Status()) })
+	mux.HandleFunc("/debug/push_status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, pushStatus(d)) })
 	mux.HandleFunc("/debug/config_dump", func(w http.ResponseWriter, r *http.Request) { configDump(d, w, r) })
 	if d.Gatherer != nil {
 		mux.Handle("/metrics", promhttp.HandlerFor(d.Gatherer, promhttp.HandlerOpts{}))
@@ -174,6 +177,17 @@ func registryz(d Deps) map[string]any {
 	return out
 }
 
+// PushStatus is the latest push and the server's connections, for /debug/push_status.
+type PushStatus struct {
+	pusher.Status
+	Connections int `json:"connections"`
+	Queued      int `json:"queued"`
+}
+
+func pushStatus(d Deps) PushStatus {
+	return PushStatus{Status: d.Pusher.Status(), Connections: len(d.Server.Connections()), Queued: d.Server.Queued()}
+}
+
 func configDump(d Deps, w http.ResponseWriter, r *http.Request) {
 	id := r.URL.Query().Get("proxyID")
 	if id == "" {
@@ -185,8 +199,9 @@ func configDump(d Deps, w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "proxy "+id+" is not connected", http.StatusNotFound)
 		return
 	}
-	dump := xds.Dump(c.View())
-	out := map[string]any{"proxy": id, "version": d.Server.Snapshot().Version}
+	view := d.Pusher.View(c.Proxy)
+	dump := xds.Dump(view)
+	out := map[string]any{"proxy": id, "version": view.Snapshot.Version}
 	for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType, xds.ExtensionType} {
 		list := []json.RawMessage{}
 		for _, res := range dump[typ].Items {

@@ -27,6 +27,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/meshstate"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/source"
@@ -40,7 +41,10 @@ type Options struct {
 	MeshConfigFile string // MeshConfig YAML; empty: defaults
 	GRPCAddr       string // xDS, e.g. ":15010"
 	HTTPAddr       string // debug and metrics, e.g. ":15014"; empty: none
-	Server         server.Options
+	// Debounce merges changes before a push (PILOT_DEBOUNCE_*); Server tunes how pushes are
+	// sent.
+	Debounce push.DebounceOptions
+	Server   server.Options
 	// WorkloadGracePeriod keeps a disconnected auto-registered proxy registered
 	// (PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
 	WorkloadGracePeriod time.Duration
@@ -71,7 +75,9 @@ type Discovery struct {
 	// State is what snapshots are built from, kept from the sources' events.
 	State   *meshstate.State
 	AutoReg *registry.AutoRegistration
-	Server  *server.Server
+	// Pusher decides what to send; Server sends it.
+	Pusher *pusher.Pusher
+	Server *server.Server
 	// Modules fetches and caches WasmPlugin modules.
 	Modules *wasmfetch.Fetcher
 
@@ -98,7 +104,7 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 	for _, src := range opts.Sources {
 		order = append(order, src.Name())
 	}
-	d.State = meshstate.New(log, registry.NewServiceEntries(log, d.Metrics), func(r *push.Request) { d.Server.ConfigUpdate(r) },
+	d.State = meshstate.New(log, registry.NewServiceEntries(log, d.Metrics), func(r *push.Request) { d.Pusher.ConfigUpdate(r) },
 		append(order, registry.ProxiesSource)...)
 	grace := opts.WorkloadGracePeriod
 	if grace <= 0 {
@@ -121,10 +127,11 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.Server = server.New(log, d.Metrics, opts.Server, server.Deps{
-		Registry: d.State.Registry, Configs: store, Mesh: d.Mesh.Mesh, AutoRegistration: d.AutoReg, OnSnapshot: d.onSnapshot,
+	d.Pusher = pusher.New(log, d.Metrics, opts.Debounce, pusher.Deps{
+		Registry: d.State.Registry, Configs: store, Mesh: d.Mesh.Mesh, OnSnapshot: d.onSnapshot,
 	})
-	d.Mesh.AddHandler(func() { d.Server.ConfigUpdate(push.NewFull(push.ReasonMesh)) })
+	d.Server = server.New(log, d.Metrics, opts.Server, server.Deps{Generator: server.Pushes(d.Pusher), AutoRegistration: d.AutoReg})
+	d.Mesh.AddHandler(func() { d.Pusher.ConfigUpdate(push.NewFull(push.ReasonMesh)) })
 
 	if d.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("grpcAddr: %w", err)
@@ -190,6 +197,14 @@ func (d *Discovery) documents() []filedir.DocStatus {
 	return d.Configs.Status()
 }
 
+// Settled reports whether every change handed in so far has reached every proxy it
+// concerns: none waits in the pusher, and the server has no push queued or under way. Tests
+// check with it that nothing else followed a change.
+func (d *Discovery) Settled() bool {
+	// In this order: a push is queued before its changes stop counting as unsettled.
+	return d.Pusher.Settled() && d.Server.Idle()
+}
+
 // GRPCAddr is the bound xDS address.
 func (d *Discovery) GRPCAddr() string { return d.grpcLis.Addr().String() }
 
@@ -227,10 +242,11 @@ func (d *Discovery) Run(ctx context.Context) error {
 	// The first snapshot is built once every source has published what it holds.
 	goRun("push", func() error {
 		if d.State.WaitReady(ctx) == nil {
-			d.Server.Run(ctx)
+			d.Pusher.Run(ctx)
 		}
 		return nil
 	})
+	goRun("send", func() error { d.Server.Run(ctx); return nil })
 	goRun("meshConfig", func() error { return d.Mesh.Run(ctx) })
 	goRun("wasmModules", func() error { return d.Modules.Run(ctx) })
 	grace := d.opts.ShutdownGrace
@@ -241,7 +257,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 	if d.httpLis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/", debug.Handler(debug.Deps{
-			Server: d.Server, Configs: d.State, Documents: d.documents, Mesh: d.Mesh, Registry: d.State.Registry,
+			Pusher: d.Pusher, Server: d.Server, Configs: d.State, Documents: d.documents, Mesh: d.Mesh, Registry: d.State.Registry,
 			Workloads: d.State.Entries.Workloads, Gatherer: d.Reg, NotInForce: d.State.Entries.NotInForce, Extensions: d.extensionStatus,
 		}))
 		if d.opts.LogLevels != nil {

@@ -71,7 +71,7 @@ func start(t *testing.T, files map[string]string, tune func(*discovery.Options))
 		ConfigDir: dir, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Server: server.Defaults(), WorkloadGracePeriod: time.Hour, ShutdownGrace: time.Second,
 	}
-	opts.Server.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
+	opts.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
 	if tune != nil {
 		tune(&opts)
 	}
@@ -341,7 +341,7 @@ spec:
 	// the proxies were pushed want more times than at base, no fewer and no more.
 	settled := func(base, want uint64) {
 		t.Helper()
-		require.Eventually(t, e.d.Server.Settled, 10*time.Second, time.Millisecond, "pushes pending")
+		require.Eventually(t, e.d.Settled, 10*time.Second, time.Millisecond, "pushes pending")
 		require.Equal(t, base+want, pushes())
 	}
 	serviceIn := func(name, ns string, port int) string {
@@ -353,7 +353,7 @@ spec: {hosts: [%s.%s.svc.cluster.local], resolution: STATIC, ports: [{number: %d
 `, name, ns, name, ns, port)
 	}
 	// The registrations' pushes.
-	require.Eventually(t, e.d.Server.Settled, 10*time.Second, time.Millisecond, "pushes pending")
+	require.Eventually(t, e.d.Settled, 10*time.Second, time.Millisecond, "pushes pending")
 	base := pushes()
 
 	// Out of the scoped proxy's reach: only the unscoped one is pushed.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/push"
-	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/wasmfetch"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
@@ -18,14 +18,14 @@ import (
 // extensions sets up the WasmPlugin module fetcher and the reporting of extension configs that
 // could not be applied; it returns the config store the server reads, which hands out
 // WasmPlugins with their modules' local paths.
-func (d *Discovery) extensions(store server.ConfigStore) (server.ConfigStore, error) {
+func (d *Discovery) extensions(store pusher.ConfigStore) (pusher.ConfigStore, error) {
 	dir := d.opts.WasmCacheDir
 	if dir == "" {
 		dir = defaultCacheDir()
 	}
 	f, err := wasmfetch.New(wasmfetch.Options{Dir: dir}, d.log.With("scope", "wasm"), d.Reg, func(keys []config.Key) {
 		// A module became usable (or failed): push the plugins that use it.
-		d.Server.ConfigUpdate(push.NewFull(push.ReasonConfig, keys...))
+		d.Pusher.ConfigUpdate(push.NewFull(push.ReasonConfig, keys...))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("wasmCacheDir: %w", err)
@@ -67,7 +67,7 @@ type extensionStatus struct {
 
 func (d *Discovery) extensionStatus() any {
 	st := extensionStatus{NotApplied: []*xds.Problem{}, WasmModules: d.Modules.Status()}
-	if snap := d.Server.Snapshot(); snap != nil {
+	if snap := d.Pusher.Snapshot(); snap != nil {
 		st.NotApplied = xds.Problems(snap)
 	}
 	return st
@@ -83,7 +83,7 @@ var problemDesc = prometheus.NewDesc("wasmesh_config_not_applied",
 func (c *problemCollector) Describe(ch chan<- *prometheus.Desc) { ch <- problemDesc }
 
 func (c *problemCollector) Collect(ch chan<- prometheus.Metric) {
-	snap := c.d.Server.Snapshot()
+	snap := c.d.Pusher.Snapshot()
 	if snap == nil {
 		return
 	}

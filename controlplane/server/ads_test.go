@@ -70,7 +70,7 @@ func TestInitialSubscriptionInEnvoyOrder(t *testing.T) {
 	forBoth(t, func(t *testing.T, delta bool) {
 		m := newMesh(t)
 		_, got := m.connect(1, delta)
-		version := m.srv.Status().Version
+		version := m.pusher.Status().Version
 		require.NotEmpty(t, version)
 		want := map[string][]string{
 			cdsType: meshClusters,

@@ -58,7 +58,7 @@ func TestEndpointsOnlyChangeSendsOnlyEDSToWatchers(t *testing.T) {
 		m.setWorkload("frontend", "frontend-2", "127.10.0.3")
 		eds := all.nextOf(edsType)
 		all.ack(eds)
-		status := m.srv.Status()
+		status := m.pusher.Status()
 		assert.False(t, status.Full, "an endpoints-only push")
 		assert.Equal(t, status.Version, eds.version)
 		assert.Equal(t, []string{frontendCluster}, eds.names)
@@ -67,7 +67,7 @@ func TestEndpointsOnlyChangeSendsOnlyEDSToWatchers(t *testing.T) {
 		// 2. A service comes: a full push, CDS to all, LDS to the proxy that watches it.
 		m.writeConfig("extra.yaml", extraYAML)
 		v := all.ack(all.nextOf(cdsType)).version
-		require.True(t, m.srv.Status().Full, "the next CDS (%s) is the config change's full push", v)
+		require.True(t, m.pusher.Status().Full, "the next CDS (%s) is the config change's full push", v)
 		require.NotEqual(t, eds.version, v)
 		withExtra := []string{"BlackHoleCluster", "PassthroughCluster", frontendCluster, backendCluster, extraCluster}
 		expect(all, ldsType, v, pick(delta, []string{listenerName(1, 9082)}, []string{listenerName(1, 9080), listenerName(1, 9081), listenerName(1, 9082)}), nil)

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
@@ -24,8 +24,9 @@ type Connection struct {
 	Proxy       *model.Proxy
 	ConnectedAt time.Time
 
-	srv   *Server
-	shape string // xds.Shape of the proxy
+	srv *Server
+	// gen is the proxy as the generator knows it: what it watches, what it gets.
+	gen ProxyWatch
 	// resumed: the proxy came with config from an earlier connection (a SotW version or
 	// delta initial versions on its first request), i.e. it was already serving.
 	resumed bool
@@ -34,7 +35,7 @@ type Connection struct {
 	workload  *model.Workload
 	delta     bool
 	// push sends a push event on the connection's stream (set by serve).
-	push func(*pushEvent) error
+	push func(*pusher.Event) error
 	// stopped is closed when the stream's handler ends; ended asks it to end (a send
 	// that timed out), with endErr as the stream's error.
 	stopped chan struct{}
@@ -55,17 +56,14 @@ type Connection struct {
 
 	mu      sync.Mutex
 	watches map[string]*watch
-	// edsSub is the EDS watch's subscription, as indexed (under srv.index.mu).
-	edsSub *subscription
-	view   *xds.View
 	// lastNack is the latest NACK message logged, so a proxy repeating it is logged once.
 	lastNack string
 }
 
-// watch is the state of one resource type on one connection.
+// watch is the protocol state of one resource type on one connection (what it watches is
+// the generator's, gen).
 type watch struct {
 	wildcard bool
-	sub      *subscription // named types; nil for wildcard
 	// known is what the proxy has been sent, as far as the server knows: the base for
 	// skipping unchanged types and for delta diffs.
 	known *xds.Resources
@@ -105,7 +103,7 @@ func (c *Connection) SyncStatus() []TypeStatus {
 		}
 		st := TypeStatus{Type: xds.ShortType(typ), VersionSent: w.versionSent, NonceSent: w.nonceSent,
 			VersionAcked: w.versionAcked, NonceAcked: w.nonceAcked, VersionNacked: w.nackVersion, NackError: w.nackError,
-			Sent: w.sent, Acks: w.acks, Nacks: w.nacks, Subscribed: w.sub.len()}
+			Sent: w.sent, Acks: w.acks, Nacks: w.nacks, Subscribed: c.gen.Subscribed(typ)}
 		if w.known != nil {
 			st.Resources = len(w.known.Items)
 		}
@@ -117,60 +115,15 @@ func (c *Connection) SyncStatus() []TypeStatus {
 // Delta reports whether the connection uses incremental xDS.
 func (c *Connection) Delta() bool { return c.delta }
 
-// View returns the proxy's view of the snapshot in force.
-func (c *Connection) View() *xds.View {
-	return c.viewFor(c.srv.Snapshot())
-}
+// Push implements pusher.Watcher: the push waits in the queue for a worker.
+func (c *Connection) Push(ev *pusher.Event) { c.srv.queue.Enqueue(c, ev) }
 
-// viewFor reuses the proxy's view while the full snapshot is unchanged: an endpoints-only
-// snapshot changes nothing the view computed.
-func (c *Connection) viewFor(snap *push.Snapshot) *xds.View {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case c.view == nil || c.view.Snapshot.FullVersion != snap.FullVersion:
-		c.view = xds.CachedView(snap, c.Proxy, c.shape)
-	case c.view.Snapshot != snap:
-		v := *c.view
-		v.Snapshot = snap
-		c.view = &v
-	}
-	return c.view
-}
-
-// reaches reports whether the proxy, whose scope (built on a snapshot with today's traffic
-// config) is given, reaches or routes a host a services-only push changed, before or after
-// it, or whether one is in its namespace.
-func (c *Connection) reaches(ev *pushEvent, prev *push.Snapshot, scope *xds.Scope) bool {
-	for h := range ev.req.EDSHosts {
-		for _, snap := range []*push.Snapshot{prev, ev.snap} {
-			if scope.Reaches(snap, h) {
-				return true
-			}
-			if svc := snap.Service(h); svc != nil && svc.Namespace == c.Proxy.Namespace {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// setSub replaces a watch's subscription (caller holds c.mu); the EDS watch's is also
-// indexed, so a push finds the connections that watch a changed cluster.
-func (c *Connection) setSub(w *watch, sub *subscription) {
-	w.sub = sub
-	if c.watches[xds.EndpointType] == w {
-		c.srv.index.setEDS(c, sub)
-	}
-}
-
-// subscribe replaces a watch's subscription (caller holds c.mu).
-func (c *Connection) subscribe(w *watch, names []string) {
-	old := w.sub
-	c.setSub(w, c.srv.subs.acquire(names))
-	c.srv.subs.release(old)
+// subscribe replaces what a watch names (caller holds c.mu); what the proxy knows of the
+// names it drops is forgotten.
+func (c *Connection) subscribe(typ string, w *watch, names []string) {
+	c.gen.Subscribe(typ, false, names)
 	if w.known != nil {
-		w.known = xds.Select(w.known, w.sub.set)
+		w.known = xds.Select(w.known, c.gen.Names(typ))
 	}
 }
 
@@ -214,7 +167,7 @@ func (c *Connection) end(err error) {
 }
 
 // runPush sends a push, in the calling push worker; an error ends the stream.
-func (c *Connection) runPush(ev *pushEvent) {
+func (c *Connection) runPush(ev *pusher.Event) {
 	c.turn.Lock()
 	defer c.turn.Unlock()
 	if c.closed {
@@ -295,13 +248,12 @@ func (s *Server) newConnection(ctx context.Context, node *core.Node, delta bool)
 	if w, ok := p.Workload(); ok {
 		c.workload = w
 	}
-	c.shape = xds.Shape(p)
 	return c, nil
 }
 
-// closeConnection retires a connection whose handler is returning. Its subscriptions are
-// released once the turn is free: a send stuck on the stream holds it until the handler's
-// return cancels the stream.
+// closeConnection retires a connection whose handler is returning. Its proxy leaves the
+// generator once the turn is free: a send stuck on the stream holds it until the handler's
+// return cancels the stream, and a push under way reads what the proxy watches.
 func (s *Server) closeConnection(c *Connection) {
 	close(c.stopped)
 	s.queue.Remove(c)
@@ -310,12 +262,7 @@ func (s *Server) closeConnection(c *Connection) {
 		c.turn.Lock()
 		defer c.turn.Unlock()
 		c.closed = true
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, w := range c.watches {
-			s.subs.release(w.sub)
-			c.setSub(w, nil)
-		}
+		c.gen.Close()
 	}()
 }
 
@@ -332,9 +279,9 @@ func isClosed(err error) bool {
 }
 
 // observeConvergence records a completed push to one proxy.
-func (c *Connection) observeConvergence(ev *pushEvent) {
-	if ev.req != nil && !ev.req.Start.IsZero() {
-		c.srv.metrics.ConvergenceTime.Observe(time.Since(ev.req.Start).Seconds())
+func (c *Connection) observeConvergence(ev *pusher.Event) {
+	if !ev.Start().IsZero() {
+		c.srv.metrics.ConvergenceTime.Observe(time.Since(ev.Start()).Seconds())
 	}
 }
 
@@ -360,7 +307,7 @@ var errNoType = status.Error(codes.InvalidArgument, "type URL is required for AD
 // on, and the handler must stay free to end the stream) and pushes by the push workers,
 // one at a time under the connection's turn, until the stream or the server ends.
 func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req) bool,
-	onRequest func(*Connection, Req) error, onPush func(*Connection, *pushEvent) error) error {
+	onRequest func(*Connection, Req) error, onPush func(*Connection, *pusher.Event) error) error {
 	first, err := st.Recv()
 	if err != nil {
 		if isClosed(err) {
@@ -378,7 +325,7 @@ func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req)
 	if err != nil {
 		return err
 	}
-	c.push = func(ev *pushEvent) error { return onPush(c, ev) }
+	c.push = func(ev *pusher.Event) error { return onPush(c, ev) }
 	c.resumed = resumed(first)
 	if c.resumed {
 		if until := s.holdResumed(); !until.IsZero() {

@@ -7,6 +7,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
 	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
@@ -15,7 +16,7 @@ import (
 func (s *Server) DeltaAggregatedResources(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
 	return serve(s, stream, true, func(r *discovery.DeltaDiscoveryRequest) bool { return len(r.GetInitialResourceVersions()) > 0 },
 		func(c *Connection, r *discovery.DeltaDiscoveryRequest) error { return c.onDeltaRequest(stream, r) },
-		func(c *Connection, ev *pushEvent) error { return c.pushDelta(stream, ev) })
+		func(c *Connection, ev *pusher.Event) error { return c.pushDelta(stream, ev) })
 }
 
 func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, r *discovery.DeltaDiscoveryRequest) error {
@@ -27,6 +28,9 @@ func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_
 		w = &watch{}
 		c.watches[typ] = w
 		w.wildcard = xds.Wildcard(typ) && (len(r.GetResourceNamesSubscribe()) == 0 || contains(r.GetResourceNamesSubscribe(), "*"))
+		if w.wildcard {
+			c.gen.Subscribe(typ, true, nil)
+		}
 		// A reconnecting proxy says what it has; resources at the same version are not resent.
 		if iv := r.GetInitialResourceVersions(); len(iv) > 0 {
 			var items []*xds.Resource
@@ -49,21 +53,21 @@ func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_
 	if !w.wildcard {
 		var add, remove []string
 		for _, n := range r.GetResourceNamesUnsubscribe() {
-			if w.sub.has(n) {
+			if c.gen.Watches(typ, n) {
 				remove = append(remove, n)
 			}
 		}
 		for _, n := range r.GetResourceNamesSubscribe() {
-			if n != "*" && !w.sub.has(n) {
+			if n != "*" && !c.gen.Watches(typ, n) {
 				add = append(add, n)
 			}
 		}
 		changedSubs = len(add) > 0
-		if len(add) > 0 || len(remove) > 0 || w.sub == nil {
-			c.setSub(w, c.srv.subs.change(w.sub, add, remove))
+		if len(add) > 0 || len(remove) > 0 || initial {
+			c.gen.Change(typ, add, remove)
 			if w.known != nil && len(remove) > 0 {
 				// Forgetting unsubscribed names keeps them from being reported as removed.
-				w.known = xds.Select(w.known, w.sub.set)
+				w.known = xds.Select(w.known, c.gen.Names(typ))
 			}
 		}
 	}
@@ -71,7 +75,7 @@ func (c *Connection) onDeltaRequest(stream discovery.AggregatedDiscoveryService_
 	if !initial && !changedSubs {
 		return nil
 	}
-	_, err := c.sendDeltaChanged(stream, typ, w, c.srv.Snapshot(), initial && w.wildcard)
+	_, err := c.sendDeltaChanged(stream, typ, w, nil, initial && w.wildcard)
 	return err
 }
 
@@ -84,12 +88,12 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-func (c *Connection) pushDelta(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, ev *pushEvent) error {
+func (c *Connection) pushDelta(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, ev *pusher.Event) error {
 	start := time.Now()
 	defer func() { c.srv.metrics.SendTime.Observe(time.Since(start).Seconds()) }()
-	if !ev.req.Full {
-		err := c.pushEDSOnly(ev, func(typ string, w *watch, items []*xds.Resource, known *xds.Resources) error {
-			return c.sendDeltaItems(stream, typ, w, ev.snap, items, nil, known)
+	if !ev.Full() {
+		err := c.pushEDSOnly(ev, func(typ string, w *watch, items []*xds.Resource, known *xds.Resources, version string) error {
+			return c.sendDeltaItems(stream, typ, w, version, items, nil, known)
 		})
 		if err == nil {
 			c.observeConvergence(ev)
@@ -103,7 +107,7 @@ func (c *Connection) pushDelta(stream discovery.AggregatedDiscoveryService_Delta
 		if w == nil {
 			continue
 		}
-		if _, err := c.sendDeltaChanged(stream, typ, w, ev.snap, false); err != nil {
+		if _, err := c.sendDeltaChanged(stream, typ, w, ev.Snapshot(), false); err != nil {
 			return err
 		}
 	}
@@ -115,11 +119,10 @@ func (c *Connection) pushDelta(stream discovery.AggregatedDiscoveryService_Delta
 // force is set (the first response to a wildcard subscription, which Envoy waits for even
 // when empty).
 func (c *Connection) sendDeltaChanged(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, force bool) (bool, error) {
-	v := c.viewFor(snap)
 	c.mu.Lock()
 	known := w.known
 	c.mu.Unlock()
-	cur := generate(v, typ, w)
+	cur, version := c.gen.Resources(typ, snap)
 	if cur == known && !force {
 		return false, nil
 	}
@@ -127,21 +130,21 @@ func (c *Connection) sendDeltaChanged(stream discovery.AggregatedDiscoveryServic
 	if len(changed) == 0 && len(removed) == 0 && !force {
 		return false, nil
 	}
-	return true, c.sendDeltaItems(stream, typ, w, snap, changed, removed, cur)
+	return true, c.sendDeltaItems(stream, typ, w, version, changed, removed, cur)
 }
 
-func (c *Connection) sendDeltaItems(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, items []*xds.Resource, removed []string, known *xds.Resources) error {
+func (c *Connection) sendDeltaItems(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, version string, items []*xds.Resource, removed []string, known *xds.Resources) error {
 	if c.held() {
 		return nil // nothing recorded as sent: the push after the window sends it all
 	}
 	start := time.Now()
 	nonce := c.srv.nextNonce()
-	resp := xds.EncodeDelta(snap.Version, typ, nonce, known, items, removed)
+	resp := xds.EncodeDelta(version, typ, nonce, known, items, removed)
 	if err := c.sendWithTimeout(func() error { return stream.SendMsg(resp) }); err != nil {
 		return err
 	}
 	bytes := resp.Size()
-	c.recordSent(typ, w, nonce, snap.Version, known, bytes)
+	c.recordSent(typ, w, nonce, version, known, bytes)
 	c.srv.metrics.PushTime.WithLabelValues(xds.ShortType(typ)).Observe(time.Since(start).Seconds())
 	return nil
 }

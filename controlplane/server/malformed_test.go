@@ -103,7 +103,7 @@ func TestMalformedRequestsGetAClearErrorAndHarmNothing(t *testing.T) {
 		m.waitSyncz(proxyID(2), "the new proxy", func(map[string]server.TypeStatus) bool { return true })
 		// The streams that ended (refused, or closed by their subtest) left no connection
 		// behind: this proxy is the only one.
-		require.Eventually(t, func() bool { return m.srv.Status().Connections == 1 }, waitFor, 2*time.Millisecond,
+		require.Eventually(t, func() bool { return len(m.srv.Connections()) == 1 }, waitFor, 2*time.Millisecond,
 			"connections left behind")
 	})
 }

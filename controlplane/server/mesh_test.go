@@ -25,6 +25,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/source"
@@ -77,6 +78,7 @@ spec:
 type testMesh struct {
 	t       *testing.T
 	srv     *server.Server
+	pusher  *pusher.Pusher
 	metrics *metrics.Metrics
 	state   *meshstate.State
 	configs *filedir.Source
@@ -98,14 +100,15 @@ func newMesh(t *testing.T) *testMesh {
 	m.writeFile("frontend.yaml", frontendYAML)
 	m.writeFile("backend.yaml", backendYAML)
 	m.configs = filedir.New(m.dir, log, m.metrics)
-	m.state = meshstate.New(log, registry.NewServiceEntries(log, m.metrics), func(r *push.Request) { m.srv.ConfigUpdate(r) },
+	m.state = meshstate.New(log, registry.NewServiceEntries(log, m.metrics), func(r *push.Request) { m.pusher.ConfigUpdate(r) },
 		filedir.Name, registry.ProxiesSource)
 
+	m.pusher = pusher.New(log, m.metrics, push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true},
+		pusher.Deps{Registry: m.state.Registry, Configs: m.state, Mesh: mesh.Default})
 	opts := server.Defaults()
-	opts.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
 	// Tests reconnect at once on purpose; they are not proxies coming back after a restart.
 	opts.ReconnectWindow = 0
-	m.srv = server.New(log, m.metrics, opts, server.Deps{Registry: m.state.Registry, Configs: m.state, Mesh: mesh.Default})
+	m.srv = server.New(log, m.metrics, opts, server.Deps{Generator: server.Pushes(m.pusher)})
 	// The first workloads come before the directory has synced: they are in the first
 	// snapshot, and nothing is pushed for them.
 	m.setWorkload("frontend", "frontend-1", "127.10.0.1")
@@ -115,8 +118,9 @@ func newMesh(t *testing.T) *testMesh {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	ran, served := make(chan struct{}), make(chan error, 1)
+	ran, pushed, served := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() { m.srv.Run(ctx); close(ran) }()
+	go func() { m.pusher.Run(ctx); close(pushed) }()
 	go func() { served <- server.Serve(ctx, m.srv.GRPCServer(), lis, time.Second) }()
 	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -124,6 +128,7 @@ func newMesh(t *testing.T) *testMesh {
 		cc.Close()
 		cancel()
 		<-ran
+		<-pushed
 		require.NoError(t, <-served)
 	})
 	require.Eventually(t, m.srv.Ready, 10*time.Second, time.Millisecond)

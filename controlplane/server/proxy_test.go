@@ -66,7 +66,7 @@ func forBoth(t *testing.T, f func(t *testing.T, delta bool)) {
 // open starts test proxy n's stream without sending anything.
 func (m *testMesh) open(n int, delta bool) *proxy {
 	p := &proxy{t: m.t, n: n, id: proxyID(n), delta: delta, subs: map[string][]string{}, acked: map[string]string{}, nonces: map[string]string{},
-		latest: func() string { return m.srv.Status().Version }}
+		latest: func() string { return m.pusher.Status().Version }}
 	ctx, cancel := context.WithCancel(context.Background())
 	m.t.Cleanup(cancel)
 	p.cancel = cancel

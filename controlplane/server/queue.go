@@ -1,49 +1,11 @@
 package server
 
 import (
-	"slices"
-	"sort"
 	"sync"
 	"time"
 
-	"github.com/wasmesh/wasmesh/controlplane/push"
-	"github.com/wasmesh/wasmesh/controlplane/xds"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 )
-
-// pushEvent asks connections to push a snapshot; one event is shared by every connection
-// of a push (merging makes a new one), so what it derives is computed once.
-type pushEvent struct {
-	snap   *push.Snapshot
-	req    *push.Request
-	queued time.Time
-
-	clustersOnce sync.Once
-	clusters     []string
-}
-
-// watches reports whether an EDS subscription names any cluster the push changed.
-func (e *pushEvent) watches(sub *subscription) bool {
-	return sub != nil && slices.ContainsFunc(e.edsClusters(), sub.has)
-}
-
-// edsClusters lists the EDS clusters of the hosts an endpoints-only push changed.
-func (e *pushEvent) edsClusters() []string {
-	e.clustersOnce.Do(func() {
-		for h := range e.req.EDSHosts {
-			e.clusters = append(e.clusters, xds.EDSClusterNames(e.snap, h)...)
-		}
-		sort.Strings(e.clusters)
-	})
-	return e.clusters
-}
-
-func (e *pushEvent) merge(o *pushEvent) *pushEvent {
-	m := &pushEvent{snap: o.snap, req: e.req.Merge(o.req), queued: e.queued}
-	if o.queued.Before(m.queued) {
-		m.queued = o.queued
-	}
-	return m
-}
 
 // pushQueue holds at most one pending push per connection, in arrival order: a newer push
 // for a queued connection merges into it, and a push for a connection being pushed to waits
@@ -52,19 +14,19 @@ type pushQueue struct {
 	mu         sync.Mutex
 	cond       *sync.Cond
 	order      []*Connection
-	pending    map[*Connection]*pushEvent
-	processing map[*Connection]*pushEvent // value: a push that arrived meanwhile, or nil
+	pending    map[*Connection]*pusher.Event
+	processing map[*Connection]*pusher.Event // value: a push that arrived meanwhile, or nil
 	closed     bool
 }
 
 func newPushQueue() *pushQueue {
-	q := &pushQueue{pending: map[*Connection]*pushEvent{}, processing: map[*Connection]*pushEvent{}}
+	q := &pushQueue{pending: map[*Connection]*pusher.Event{}, processing: map[*Connection]*pusher.Event{}}
 	q.cond = sync.NewCond(&q.mu)
 	return q
 }
 
 // Enqueue adds or merges a push for c.
-func (q *pushQueue) Enqueue(c *Connection, ev *pushEvent) {
+func (q *pushQueue) Enqueue(c *Connection, ev *pusher.Event) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -72,13 +34,13 @@ func (q *pushQueue) Enqueue(c *Connection, ev *pushEvent) {
 	}
 	if later, busy := q.processing[c]; busy {
 		if later != nil {
-			ev = later.merge(ev)
+			ev = later.Merge(ev)
 		}
 		q.processing[c] = ev
 		return
 	}
 	if p, ok := q.pending[c]; ok {
-		q.pending[c] = p.merge(ev)
+		q.pending[c] = p.Merge(ev)
 		return
 	}
 	q.pending[c] = ev
@@ -87,7 +49,7 @@ func (q *pushQueue) Enqueue(c *Connection, ev *pushEvent) {
 }
 
 // Dequeue blocks for the next connection to push; ok is false once the queue is closed.
-func (q *pushQueue) Dequeue() (*Connection, *pushEvent, bool) {
+func (q *pushQueue) Dequeue() (*Connection, *pusher.Event, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for len(q.order) == 0 && !q.closed {

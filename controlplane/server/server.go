@@ -1,7 +1,8 @@
-// Package server is the xDS server: ADS over gRPC in both State of the World and Delta
-// variants, with per-connection ACK/NACK tracking, a bounded push queue
-// (PILOT_PUSH_THROTTLE), a per-connection send timeout, admission control for new
-// connections, and the glue that turns change requests into snapshots and pushes.
+// Package server is the xDS server, how config is sent: ADS over gRPC in both State of the
+// World and Delta variants, with per-connection ACK/NACK tracking, a bounded push queue
+// (PILOT_PUSH_THROTTLE), a per-connection send timeout and admission control for new
+// connections. What to send comes from a Generator (package pusher): the server registers
+// each connection with it, is handed the pushes that concern it, and asks it for resources.
 package server
 
 import (
@@ -18,19 +19,16 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 
-	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/push"
-	"github.com/wasmesh/wasmesh/controlplane/registry"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
 // Options tune the server; Defaults gives istiod's values.
 type Options struct {
-	Debounce push.DebounceOptions
 	// PushThrottle bounds concurrent pushes (PILOT_PUSH_THROTTLE).
 	PushThrottle int
 	// SendTimeout closes a connection whose send does not complete in time
@@ -55,7 +53,6 @@ type Options struct {
 // Defaults returns istiod's defaults.
 func Defaults() Options {
 	return Options{
-		Debounce:     push.DefaultDebounce(),
 		PushThrottle: 100,
 		SendTimeout:  5 * time.Second,
 		ConnectRate:  100,
@@ -66,35 +63,53 @@ func Defaults() Options {
 	}
 }
 
-// ConfigStore lists the configs in force, sorted by key (config.CompareKeys).
-type ConfigStore interface {
-	List() []*config.Config
+// Generator is what the server needs of the side that decides what to send (package
+// pusher, through Pushes); the server's tests give it a fake.
+type Generator interface {
+	// Ready reports whether there is a snapshot to serve.
+	Ready() bool
+	// Watch registers a connection's proxy; the pushes that concern it go to target.
+	Watch(p *model.Proxy, target pusher.Watcher) ProxyWatch
+	// Current is a push bringing a connection up to the snapshot in force.
+	Current(reason string) *pusher.Event
 }
 
-// Deps are the stores the server reads when it builds a snapshot.
+// ProxyWatch is one connection's proxy as the Generator knows it (pusher.Proxy): what it
+// watches and the resources it gets.
+type ProxyWatch interface {
+	Subscribe(typ string, wildcard bool, names []string)
+	Change(typ string, add, remove []string)
+	Watches(typ, name string) bool
+	Names(typ string) map[string]struct{}
+	Subscribed(typ string) int
+	SameNames(typ string, names []string) bool
+	// Resources is what the proxy gets of typ from snap (nil: the snapshot in force), with
+	// the snapshot's version.
+	Resources(typ string, snap *push.Snapshot) (*xds.Resources, string)
+	Close()
+}
+
+// Pushes is the Generator of a pusher.
+func Pushes(p *pusher.Pusher) Generator { return pushes{p} }
+
+type pushes struct{ *pusher.Pusher }
+
+func (g pushes) Watch(p *model.Proxy, target pusher.Watcher) ProxyWatch {
+	return g.Pusher.Watch(p, target)
+}
+
+// Registrar registers the workloads of the proxies that connect (registry.AutoRegistration).
+type Registrar interface {
+	Connect(w *model.Workload, startUnhealthy bool)
+	Disconnect(w *model.Workload)
+	SetHealth(namespace, name string, healthy bool, reason string)
+}
+
+// Deps are what the server serves from.
 type Deps struct {
-	Registry registry.Registry
-	Configs  ConfigStore
-	Mesh     func() *meshconfig.MeshConfig
+	Generator Generator
 	// AutoRegistration, when set, registers proxies with workload metadata.
-	AutoRegistration *registry.AutoRegistration
-	// OnSnapshot, when set, sees every snapshot before it is used (discovery attaches the
-	// reporting of configuration that could not be applied).
-	OnSnapshot func(*push.Snapshot)
-}
-
-// PushStatus describes the latest push, for /debug/push_status.
-type PushStatus struct {
-	Version     string         `json:"version"`
-	Full        bool           `json:"full"`
-	Reasons     map[string]int `json:"reasons"`
-	Start       time.Time      `json:"start"`
-	BuiltAt     time.Time      `json:"builtAt"`
-	BuildTime   string         `json:"buildTime"`
-	Connections int            `json:"connections"`
-	Queued      int            `json:"queued"`
-	Services    int            `json:"services"`
-	Configs     int            `json:"configs"`
+	AutoRegistration Registrar
 }
 
 // Server serves ADS. Create with New, then Run; Serve accepts connections.
@@ -106,26 +121,16 @@ type Server struct {
 	opts    Options
 	deps    Deps
 
-	updates  chan *push.Request
 	queue    *pushQueue
 	admitter *tokenBucket
-	subs     *subscriptions
-	index    *connIndex
 
-	snapshot atomic.Pointer[push.Snapshot]
-	ready    atomic.Bool
-	version  atomic.Uint64
 	connSeq  atomic.Uint64
 	nonceSeq atomic.Uint64
 	// BytesSent counts marshalled resource bytes sent, for benchmarks and debug output.
 	bytesSent atomic.Uint64
-	// unsettled counts the changes handed to ConfigUpdate, by their reasons (which merging
-	// adds up), that the debouncer has not yet turned into queued pushes.
-	unsettled atomic.Int64
 
-	mu     sync.RWMutex
-	conns  map[string]*Connection
-	status PushStatus
+	mu    sync.RWMutex
+	conns map[string]*Connection
 
 	// started is when Run began; resuming proxies are held only shortly after it.
 	started atomic.Pointer[time.Time]
@@ -135,78 +140,37 @@ type Server struct {
 	stopOnce sync.Once
 }
 
-// New returns a server reading from deps.
+// New returns a server serving what deps.Generator generates.
 func New(log *slog.Logger, m *metrics.Metrics, opts Options, deps Deps) *Server {
 	if opts.PushThrottle <= 0 {
 		opts.PushThrottle = 1
 	}
 	s := &Server{
 		log: log.With("scope", "ads"), metrics: m, opts: opts, deps: deps,
-		updates: make(chan *push.Request, 1024),
-		conns:   map[string]*Connection{},
-		stop:    make(chan struct{}),
+		conns: map[string]*Connection{},
+		stop:  make(chan struct{}),
 	}
 	s.queue = newPushQueue()
-	s.subs = newSubscriptions()
-	s.index = newConnIndex()
 	s.admitter = newTokenBucket(opts.ConnectRate, opts.ConnectBurst)
 	return s
 }
 
-// ConfigUpdate hands a change to the debouncer. It never blocks a config source for long:
-// the debouncer drains the channel continuously.
-func (s *Server) ConfigUpdate(r *push.Request) {
-	triggers := 0
-	for reason, n := range r.Reasons {
-		s.metrics.PushTriggers.WithLabelValues(reason).Add(float64(n))
-		triggers += n
-	}
-	s.unsettled.Add(int64(triggers))
-	if r.Full {
-		s.metrics.InboundUpdates.WithLabelValues("config").Inc()
-	} else {
-		s.metrics.InboundUpdates.WithLabelValues("eds").Inc()
-	}
-	select {
-	case s.updates <- r:
-	case <-s.stop:
-		s.unsettled.Add(-int64(triggers))
-	}
-}
-
-// Snapshot returns the snapshot in force (nil before the first build).
-func (s *Server) Snapshot() *push.Snapshot { return s.snapshot.Load() }
-
-// Ready reports whether the first snapshot has been built.
-func (s *Server) Ready() bool { return s.ready.Load() }
+// Ready reports whether there is a snapshot to serve.
+func (s *Server) Ready() bool { return s.deps.Generator.Ready() }
 
 // BytesSent is the total of resource bytes sent so far.
 func (s *Server) BytesSent() uint64 { return s.bytesSent.Load() }
 
-// Settled reports whether every change handed in so far has reached every proxy it
-// concerns: none waits in the debouncer or is being built, and the push queue holds no push
-// and has none in progress. Tests check with it that nothing else followed a change.
-func (s *Server) Settled() bool {
-	// Read in this order: a push is queued before its changes stop counting as unsettled.
-	return s.unsettled.Load() == 0 && s.queue.Idle()
-}
+// Idle reports whether no connection waits for a push or is being pushed to.
+func (s *Server) Idle() bool { return s.queue.Idle() }
 
-// Status returns the latest push's status.
-func (s *Server) Status() PushStatus {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	st := s.status
-	st.Connections = len(s.conns)
-	st.Queued = s.queue.Len()
-	return st
-}
+// Queued is the number of connections waiting for a push.
+func (s *Server) Queued() int { return s.queue.Len() }
 
-// Run builds the initial snapshot and runs the debouncer and push workers until ctx ends.
+// Run runs the push workers until ctx ends.
 func (s *Server) Run(ctx context.Context) {
 	now := time.Now()
 	s.started.Store(&now)
-	s.build(push.NewFull(push.ReasonUnknown))
-	s.ready.Store(true)
 	var wg sync.WaitGroup
 	for i := 0; i < s.opts.PushThrottle; i++ {
 		wg.Add(1)
@@ -215,107 +179,10 @@ func (s *Server) Run(ctx context.Context) {
 			s.pushWorker()
 		}()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		<-ctx.Done()
-		s.stopOnce.Do(func() { close(s.stop) })
-		s.queue.Close()
-	}()
-	push.Debounce(ctx, s.updates, s.opts.Debounce, s.push, func(d time.Duration) { s.metrics.DebounceTime.Observe(d.Seconds()) })
+	<-ctx.Done()
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.queue.Close()
 	wg.Wait()
-}
-
-// build makes the snapshot for r and installs it.
-func (s *Server) build(r *push.Request) *push.Snapshot {
-	start := time.Now()
-	version := fmt.Sprintf("%s/%d", start.UTC().Format("2006-01-02T15:04:05Z"), s.version.Add(1))
-	cur := s.snapshot.Load()
-	full := r.Full || cur == nil
-	if !full {
-		// Endpoints of DNS services live inside their clusters: they need CDS.
-		for h := range r.EDSHosts {
-			if svc := cur.Service(h); svc != nil && svc.Resolution != model.ClientSideLB {
-				full = true
-				break
-			}
-		}
-	}
-	var snap *push.Snapshot
-	var configs []*config.Config
-	if full {
-		if s.deps.Configs != nil {
-			configs = s.deps.Configs.List()
-		}
-		var prevIx *config.Index
-		if cur != nil {
-			prevIx = cur.Configs
-		}
-		if ix := config.Reindex(prevIx, configs); cur != nil && servicesOnly(r) {
-			// The changed hosts say what changed: the rest of the snapshot is shared.
-			snap = cur.WithServices(version, ix, s.deps.Registry, r.EDSHosts)
-		} else {
-			snap = push.Build(version, s.deps.Mesh(), ix, s.deps.Registry)
-		}
-	} else {
-		snap = cur.WithEndpoints(version, s.deps.Registry, r.EDSHosts)
-	}
-	if s.deps.OnSnapshot != nil {
-		s.deps.OnSnapshot(snap)
-	}
-	s.snapshot.Store(snap)
-	elapsed := time.Since(start)
-	s.metrics.PushContextInitTime.Observe(elapsed.Seconds())
-	s.metrics.Services.Set(float64(len(snap.Services)))
-	s.mu.Lock()
-	s.status = PushStatus{Version: version, Full: full, Reasons: r.Reasons, Start: r.Start, BuiltAt: time.Now(), BuildTime: elapsed.String(),
-		Services: len(snap.Services), Configs: snap.Configs.Len()}
-	s.mu.Unlock()
-	if full && !r.Full {
-		r.Full = true
-	}
-	return snap
-}
-
-// push is the debouncer's callback: build, then queue every connection that needs it.
-// It returns once all are queued, which frees the debouncer for the next push.
-func (s *Server) push(ctx context.Context, r *push.Request) {
-	prev := s.snapshot.Load()
-	snap := s.build(r)
-	s.log.Debug("push", "version", snap.Version, "request", r.String())
-	ev := &pushEvent{snap: snap, req: r, queued: time.Now()}
-	for _, c := range s.index.concerned(ev, prev) {
-		s.queue.Enqueue(c, ev)
-	}
-	triggers := 0
-	for _, n := range r.Reasons {
-		triggers += n
-	}
-	s.unsettled.Add(-int64(triggers))
-}
-
-// servicesOnly reports whether a full request changed nothing but services and their
-// endpoints (ServiceEntry and WorkloadEntry configs, registry events): no generator reads
-// those configs except through the services, so the changed hosts say which proxies it
-// concerns.
-func servicesOnly(r *push.Request) bool {
-	for reason := range r.Reasons {
-		switch reason {
-		case push.ReasonService, push.ReasonEndpoint:
-		case push.ReasonConfig:
-			if len(r.ConfigsUpdated) == 0 {
-				return false // a config change that does not say which
-			}
-		default:
-			return false
-		}
-	}
-	for k := range r.ConfigsUpdated {
-		if k.Kind != config.ServiceEntry && k.Kind != config.WorkloadEntry {
-			return false
-		}
-	}
-	return true
 }
 
 func (s *Server) pushWorker() {
@@ -324,7 +191,7 @@ func (s *Server) pushWorker() {
 		if !ok {
 			return
 		}
-		s.metrics.QueueTime.Observe(time.Since(ev.queued).Seconds())
+		s.metrics.QueueTime.Observe(time.Since(ev.Queued()).Seconds())
 		c.runPush(ev)
 		s.queue.MarkDone(c)
 	}
@@ -353,11 +220,11 @@ func (s *Server) Connection(proxyID string) *Connection {
 }
 
 func (s *Server) addConnection(c *Connection) {
+	c.gen = s.deps.Generator.Watch(c.Proxy, c)
 	s.mu.Lock()
 	s.conns[c.ID] = c
 	n := len(s.conns)
 	s.mu.Unlock()
-	s.index.add(c)
 	s.metrics.XDSClients.WithLabelValues(c.Proxy.IstioVersion).Inc()
 	s.log.Info("proxy connected", "conn", c.ID, "delta", c.delta, "connections", n)
 	if c.workload != nil && s.deps.AutoRegistration != nil {
@@ -374,7 +241,6 @@ func (s *Server) removeConnection(c *Connection) {
 	_, ok := s.conns[c.ID]
 	delete(s.conns, c.ID)
 	s.mu.Unlock()
-	s.index.remove(c)
 	if !ok {
 		return
 	}
@@ -457,7 +323,7 @@ func (s *Server) releaseHeld(c *Connection, until time.Time) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		s.queue.Enqueue(c, &pushEvent{snap: s.Snapshot(), req: push.NewFull(push.ReasonReconnect), queued: time.Now()})
+		s.queue.Enqueue(c, s.deps.Generator.Current(push.ReasonReconnect))
 	case <-c.stopped:
 	case <-s.stop:
 	}

@@ -6,6 +6,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
 	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
@@ -13,7 +14,7 @@ import (
 func (s *Server) StreamAggregatedResources(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
 	return serve(s, stream, false, func(r *discovery.DiscoveryRequest) bool { return r.GetVersionInfo() != "" },
 		func(c *Connection, r *discovery.DiscoveryRequest) error { return c.onSotwRequest(stream, r) },
-		func(c *Connection, ev *pushEvent) error { return c.pushSotw(stream, ev) })
+		func(c *Connection, ev *pusher.Event) error { return c.pushSotw(stream, ev) })
 }
 
 func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, r *discovery.DiscoveryRequest) error {
@@ -25,7 +26,7 @@ func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_S
 		if !c.recordAck(typ, w, r.GetResponseNonce(), r.GetVersionInfo(), r.GetErrorDetail().GetMessage()) {
 			return nil
 		}
-		if r.GetErrorDetail() != nil || w.wildcard || w.sub.sameAs(r.GetResourceNames()) {
+		if r.GetErrorDetail() != nil || w.wildcard || c.gen.SameNames(typ, r.GetResourceNames()) {
 			// An ACK or NACK without a new subscription: nothing to send. After a NACK the
 			// proxy keeps its last accepted config; resending the same would fail again.
 			return nil
@@ -38,18 +39,20 @@ func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_S
 		// Envoy subscribes to CDS and LDS as a whole (no names); gRPC's xDS client names
 		// the listeners and clusters it wants.
 		w.wildcard = xds.Wildcard(typ) && (len(r.GetResourceNames()) == 0 || contains(r.GetResourceNames(), "*"))
-		if !w.wildcard {
-			c.subscribe(w, r.GetResourceNames())
+		if w.wildcard {
+			c.gen.Subscribe(typ, true, nil)
+		} else {
+			c.subscribe(typ, w, r.GetResourceNames())
 		}
 		c.mu.Unlock()
 		// A new subscription (or a reconnect) gets everything it names.
-		return c.sendSotwAll(stream, typ, w, c.srv.Snapshot())
+		return c.sendSotwAll(stream, typ, w, nil)
 	}
 	// A changed subscription gets what it did not have: the resources of added names.
 	c.mu.Lock()
-	c.subscribe(w, r.GetResourceNames())
+	c.subscribe(typ, w, r.GetResourceNames())
 	c.mu.Unlock()
-	_, err := c.sendSotwChanged(stream, typ, w, c.srv.Snapshot(), nil)
+	_, err := c.sendSotwChanged(stream, typ, w, nil, nil)
 	return err
 }
 
@@ -57,12 +60,12 @@ func (c *Connection) onSotwRequest(stream discovery.AggregatedDiscoveryService_S
 // whole when anything in them changed (SotW needs the full set); EDS and RDS send only the
 // resources that changed, plus the assignments of clusters that CDS just replaced, which
 // Envoy needs to warm them (Istio pushes EDS after CDS for the same reason).
-func (c *Connection) pushSotw(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, ev *pushEvent) error {
+func (c *Connection) pushSotw(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, ev *pusher.Event) error {
 	start := time.Now()
 	defer func() { c.srv.metrics.SendTime.Observe(time.Since(start).Seconds()) }()
-	if !ev.req.Full {
-		if err := c.pushEDSOnly(ev, func(typ string, w *watch, items []*xds.Resource, known *xds.Resources) error {
-			return c.sendSotwItems(stream, typ, w, ev.snap, items, known)
+	if !ev.Full() {
+		if err := c.pushEDSOnly(ev, func(typ string, w *watch, items []*xds.Resource, known *xds.Resources, version string) error {
+			return c.sendSotwItems(stream, typ, w, version, items, known)
 		}); err != nil {
 			return err
 		}
@@ -77,7 +80,7 @@ func (c *Connection) pushSotw(stream discovery.AggregatedDiscoveryService_Stream
 		if w == nil {
 			continue
 		}
-		changed, err := c.sendSotwChanged(stream, typ, w, ev.snap, alsoFor(typ, replacedClusters))
+		changed, err := c.sendSotwChanged(stream, typ, w, ev.Snapshot(), alsoFor(typ, replacedClusters))
 		if err != nil {
 			return err
 		}
@@ -90,24 +93,25 @@ func (c *Connection) pushSotw(stream discovery.AggregatedDiscoveryService_Stream
 }
 
 // pushEDSOnly sends the assignments of the changed hosts' clusters this proxy watches.
-func (c *Connection) pushEDSOnly(ev *pushEvent, send func(typ string, w *watch, items []*xds.Resource, known *xds.Resources) error) error {
+func (c *Connection) pushEDSOnly(ev *pusher.Event, send func(typ string, w *watch, items []*xds.Resource, known *xds.Resources, version string) error) error {
 	c.mu.Lock()
 	w := c.watches[xds.EndpointType]
+	c.mu.Unlock()
+	if w == nil {
+		return nil
+	}
 	var names []string
-	if w != nil {
-		for _, n := range ev.edsClusters() {
-			if w.sub.has(n) {
-				names = append(names, n)
-			}
+	for _, n := range ev.EDSClusters() {
+		if c.gen.Watches(xds.EndpointType, n) {
+			names = append(names, n)
 		}
 	}
-	c.mu.Unlock()
 	if len(names) == 0 {
 		return nil
 	}
 	// The new full set is shared by every proxy with this subscription; the client gets the
 	// changed part of it, found by name without walking the whole set.
-	cur := generate(c.viewFor(ev.snap), xds.EndpointType, w)
+	cur, version := c.gen.Resources(xds.EndpointType, ev.Snapshot())
 	var changed []*xds.Resource
 	for _, n := range names {
 		nr := cur.Find(n)
@@ -121,15 +125,14 @@ func (c *Connection) pushEDSOnly(ev *pushEvent, send func(typ string, w *watch, 
 	if len(changed) == 0 {
 		return nil
 	}
-	return send(xds.EndpointType, w, changed, cur)
+	return send(xds.EndpointType, w, changed, cur, version)
 }
 
 // sendSotwChanged sends a type when it changed and returns the names that changed. Wildcard
 // types (CDS, LDS) are sent whole; named types send the changed resources plus those named
 // in also, even when unchanged.
 func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, also map[string]struct{}) (map[string]struct{}, error) {
-	v := c.viewFor(snap)
-	cur := generate(v, typ, w)
+	cur, version := c.gen.Resources(typ, snap)
 	if cur == w.known {
 		return nil, nil // the very set this proxy has: shared results make this common
 	}
@@ -144,7 +147,7 @@ func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService
 	if w.wildcard || xds.Wildcard(typ) {
 		// CDS and LDS responses are the whole state even for a client that names what it
 		// wants (gRPC): a resource left out of one would be taken as deleted.
-		return names, c.sendSotwItems(stream, typ, w, snap, cur.Items, cur)
+		return names, c.sendSotwItems(stream, typ, w, version, cur.Items, cur)
 	}
 	send := changed
 	if len(also) > 0 {
@@ -160,28 +163,28 @@ func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService
 	if len(send) == 0 {
 		return nil, nil
 	}
-	return names, c.sendSotwItems(stream, typ, w, snap, send, cur)
+	return names, c.sendSotwItems(stream, typ, w, version, send, cur)
 }
 
 // sendSotwAll answers a new subscription with everything it names.
 func (c *Connection) sendSotwAll(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot) error {
-	cur := generate(c.viewFor(snap), typ, w)
-	return c.sendSotwItems(stream, typ, w, snap, cur.Items, cur)
+	cur, version := c.gen.Resources(typ, snap)
+	return c.sendSotwItems(stream, typ, w, version, cur.Items, cur)
 }
 
-func (c *Connection) sendSotwItems(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, items []*xds.Resource, known *xds.Resources) error {
+func (c *Connection) sendSotwItems(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, version string, items []*xds.Resource, known *xds.Resources) error {
 	if c.held() {
 		return nil // nothing recorded as sent: the push after the window sends it all
 	}
 	start := time.Now()
 	nonce := c.srv.nextNonce()
 	// Encoded once per shared set; this connection adds only its header.
-	resp := xds.EncodeSotw(snap.Version, typ, nonce, known, items)
+	resp := xds.EncodeSotw(version, typ, nonce, known, items)
 	if err := c.sendWithTimeout(func() error { return stream.SendMsg(resp) }); err != nil {
 		return err
 	}
 	bytes := resp.Size()
-	c.recordSent(typ, w, nonce, snap.Version, known, bytes)
+	c.recordSent(typ, w, nonce, version, known, bytes)
 	c.srv.metrics.PushTime.WithLabelValues(xds.ShortType(typ)).Observe(time.Since(start).Seconds())
 	return nil
 }

@@ -63,7 +63,7 @@ func Clusters(v *View) *Resources {
 		if v.Proxy.InterceptionMode == model.InterceptionRedirect {
 			items = append(items, passthroughCluster(v.Snapshot, InboundPassthroughCluster))
 		}
-		return newResources(patchClusters(v, items))
+		return NewResources(patchClusters(v, items))
 	})
 }
 
@@ -107,7 +107,7 @@ func clusterResource(v *View, svc *model.Service, p model.Port, dr *destRule, su
 	}
 	return v.Snapshot.Full.Get(push.HostKey{Host: svc.Hostname, Name: name + "\x00" + variant}, func() any {
 		c := buildOutboundCluster(v, svc, p, dr, sub)
-		return newResource(c.Name, c)
+		return NewResource(c.Name, c)
 	}).(*Resource)
 }
 
@@ -261,12 +261,12 @@ func inboundCluster(v *View, in Inbound) *Resource {
 		opts.setHTTP2()
 	}
 	opts.apply(c)
-	return newResource(name, c)
+	return NewResource(name, c)
 }
 
 func staticCluster(snap *push.Snapshot, name string) *Resource {
 	return snap.Full.Get("cds/"+name, func() any {
-		return newResource(name, &cluster.Cluster{
+		return NewResource(name, &cluster.Cluster{
 			Name:                 name,
 			ConnectTimeout:       connectTimeout(snap),
 			ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_STATIC},
@@ -276,7 +276,7 @@ func staticCluster(snap *push.Snapshot, name string) *Resource {
 
 func passthroughCluster(snap *push.Snapshot, name string) *Resource {
 	return snap.Full.Get("cds/"+name, func() any {
-		return newResource(name, &cluster.Cluster{
+		return NewResource(name, &cluster.Cluster{
 			Name:                 name,
 			ConnectTimeout:       connectTimeout(snap),
 			ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_ORIGINAL_DST},

@@ -15,10 +15,10 @@ import (
 
 // testSet has small resources and a large one.
 func testSet() *Resources {
-	return newResources([]*Resource{
-		newResource("c", &cluster.Cluster{Name: "c"}),
-		newResource("b", &cluster.Cluster{Name: "b", AltStatName: strings.Repeat("y", 2048)}),
-		newResource("a", &cluster.Cluster{Name: "a", AltStatName: "x"}),
+	return NewResources([]*Resource{
+		NewResource("c", &cluster.Cluster{Name: "c"}),
+		NewResource("b", &cluster.Cluster{Name: "b", AltStatName: strings.Repeat("y", 2048)}),
+		NewResource("a", &cluster.Cluster{Name: "a", AltStatName: "x"}),
 	})
 }
 

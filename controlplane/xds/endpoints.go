@@ -66,7 +66,7 @@ func EndpointResource(v *View, name string) *Resource {
 		if dr != nil && ll != nil {
 			applyLocality(cla, eps, v.Proxy.Locality, v.Proxy.Labels, ll, failover)
 		}
-		return newResource(name, cla)
+		return NewResource(name, cla)
 	}).(*Resource)
 }
 

@@ -194,7 +194,7 @@ func extensionResource(v *View, name string) *Resource {
 	}
 	if a := e.patches.ExtensionConfigs()[name]; a != nil {
 		key := ecdsKey{name: name, envoyFilter: fmt.Sprintf("%s#%d", a.Patch.Filter, a.Patch.Index)}
-		return v.Snapshot.Full.Get(key, func() any { return newResource(name, a.Value) }).(*Resource)
+		return v.Snapshot.Full.Get(key, func() any { return NewResource(name, a.Value) }).(*Resource)
 	}
 	return nil
 }
@@ -215,7 +215,7 @@ func pluginResource(snap *push.Snapshot, e *proxyExtensions, p *wasmplugin.Plugi
 		reportOf(snap).add(&Problem{Source: p.Key, Patch: -1, Resource: "extension config " + name, Err: err})
 		return (*Resource)(nil)
 	}
-	return newResource(name, tec)
+	return NewResource(name, tec)
 }
 
 // ExtensionNames lists the ECDS resources the proxy's listeners discover, sorted.

@@ -15,13 +15,13 @@ func Generate(v *View, typeURL string, names []string) *Resources {
 	case ListenerType:
 		return Listeners(v)
 	case EndpointType:
-		return newResources(Endpoints(v, names))
+		return NewResources(Endpoints(v, names))
 	case RouteType:
-		return newResources(patchRoutes(v, Routes(v, names)))
+		return NewResources(patchRoutes(v, Routes(v, names)))
 	case ExtensionType:
-		return newResources(ExtensionConfigs(v, names))
+		return NewResources(ExtensionConfigs(v, names))
 	}
-	return newResources(nil)
+	return NewResources(nil)
 }
 
 // Dump generates every type with the names a proxy would subscribe to (the EDS clusters of

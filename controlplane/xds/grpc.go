@@ -51,7 +51,7 @@ func grpcListeners(v *View, names []string) *Resources {
 				items = append(items, grpcAPIListener(svc, p, net.JoinHostPort(svc.Hostname, strconv.Itoa(int(p.Port)))))
 			}
 		}
-		return newResources(items)
+		return NewResources(items)
 	}
 	seen := map[string]bool{}
 	for _, name := range names {
@@ -79,7 +79,7 @@ func grpcListeners(v *View, names []string) *Resources {
 			}
 		}
 	}
-	return newResources(items)
+	return NewResources(items)
 }
 
 // grpcFQDN completes a short name the way Istio's gRPC generator does: "reviews" and
@@ -124,7 +124,7 @@ func grpcAPIListener(svc *model.Service, p model.Port, name string) *Resource {
 			}},
 		})},
 	}
-	return newResource(name, l)
+	return NewResource(name, l)
 }
 
 // grpcInboundListener is the listener of a gRPC xDS server on one of the ports its services
@@ -170,7 +170,7 @@ func grpcInboundListener(v *View, name, addr string) *Resource {
 			Filters: []*listener.Filter{{Name: "inbound-hcmplaintext", ConfigType: &listener.Filter_TypedConfig{TypedConfig: mustAny(m)}}},
 		}},
 	}
-	return newResource(name, l)
+	return NewResource(name, l)
 }
 
 // grpcRoutes answers RDS "outbound|<port>||<host>": the virtual hosts of the port.
@@ -186,7 +186,7 @@ func grpcRoutes(v *View, names []string) []*Resource {
 			continue
 		}
 		out = append(out, v.Snapshot.Full.Get(routeKey{v.RouteKey(), name}, func() any {
-			return newResource(name, &route.RouteConfiguration{Name: name, VirtualHosts: virtualHosts(v, op, true)})
+			return NewResource(name, &route.RouteConfiguration{Name: name, VirtualHosts: virtualHosts(v, op, true)})
 		}).(*Resource))
 	}
 	return out
@@ -226,10 +226,10 @@ func grpcClusters(v *View, names []string) *Resources {
 			}
 		}
 		items = append(items, v.Snapshot.Full.Get(push.HostKey{Host: host, Name: "grpc\x00" + name + "\x00" + drVariant(dr)}, func() any {
-			return newResource(name, grpcCluster(name, policyFor(dr, sub, port)))
+			return NewResource(name, grpcCluster(name, policyFor(dr, sub, port)))
 		}).(*Resource))
 	}
-	return newResources(items)
+	return NewResources(items)
 }
 
 func grpcCluster(name string, tp *networking.TrafficPolicy) *cluster.Cluster {
@@ -267,13 +267,13 @@ func generateGRPC(v *View, typeURL string, names []string) *Resources {
 	case ListenerType:
 		return grpcListeners(v, names)
 	case RouteType:
-		return newResources(grpcRoutes(v, names))
+		return NewResources(grpcRoutes(v, names))
 	case ClusterType:
 		return grpcClusters(v, names)
 	case EndpointType:
-		return newResources(Endpoints(v, names))
+		return NewResources(Endpoints(v, names))
 	}
-	return newResources(nil)
+	return NewResources(nil)
 }
 
 // grpcDump is Dump for a gRPC client: every API listener of its scope, their routes, the
@@ -289,7 +289,7 @@ func grpcDump(v *View) map[string]*Resources {
 			routeNames[m.GetRds().GetRouteConfigName()] = true
 		}
 	}
-	rds := newResources(grpcRoutes(v, sortedSet(routeNames)))
+	rds := NewResources(grpcRoutes(v, sortedSet(routeNames)))
 	out[RouteType] = rds
 	clusters := map[string]bool{}
 	for _, r := range rds.Items {
@@ -306,8 +306,8 @@ func grpcDump(v *View) map[string]*Resources {
 	}
 	cds := grpcClusters(v, sortedSet(clusters))
 	out[ClusterType] = cds
-	out[EndpointType] = newResources(Endpoints(v, cds.Names()))
-	out[ExtensionType] = newResources(nil) // gRPC has no Wasm filters
+	out[EndpointType] = NewResources(Endpoints(v, cds.Names()))
+	out[ExtensionType] = NewResources(nil) // gRPC has no Wasm filters
 	return out
 }
 

@@ -64,14 +64,14 @@ func Listeners(v *View) *Resources {
 				} else if taken[op.Port] {
 					continue
 				}
-				items = append(items, newResource(outboundListener(v, op, bind, true)))
+				items = append(items, NewResource(outboundListener(v, op, bind, true)))
 			}
 			for _, in := range v.Inbounds {
-				items = append(items, newResource(inboundListener(v, in)))
+				items = append(items, NewResource(inboundListener(v, in)))
 			}
 		} else {
 			items = append(items, redirectOutboundListeners(v)...)
-			items = append(items, newResource(virtualOutbound(v)), newResource(virtualInbound(v)))
+			items = append(items, NewResource(virtualOutbound(v)), NewResource(virtualInbound(v)))
 			for _, in := range v.Inbounds {
 				// A Sidecar ingress listener with a bind address is a listener of its own
 				// (bound when its capture mode is NONE), not a chain of virtualInbound.
@@ -80,11 +80,11 @@ func Listeners(v *View) *Resources {
 					if !in.CaptureNone {
 						l.(*listener.Listener).BindToPort = wrapperspb.Bool(false)
 					}
-					items = append(items, newResource(name, l))
+					items = append(items, NewResource(name, l))
 				}
 			}
 		}
-		return newResources(patchListeners(v, items))
+		return NewResources(patchListeners(v, items))
 	})
 }
 
@@ -176,7 +176,7 @@ func redirectOutboundListeners(v *View) []*Resource {
 			if op.egress.Bind != "" {
 				bind, bindToPort = op.egress.Bind, op.egress.CaptureNone
 			}
-			out = append(out, newResource(outboundListener(v, op, bind, bindToPort)))
+			out = append(out, NewResource(outboundListener(v, op, bind, bindToPort)))
 		}
 		return out
 	}).([]*Resource)

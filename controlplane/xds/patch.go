@@ -38,7 +38,7 @@ func patchedResource(v *View, r *Resource, set, extra string, patch func(proto.M
 		case proto.Equal(m, r.Message):
 			return r
 		}
-		return newResource(r.Name, m)
+		return NewResource(r.Name, m)
 	}).(*Resource)
 }
 
@@ -88,7 +88,7 @@ func appendAdded(v *View, out []*Resource, names map[string]bool, applyTo networ
 			}
 			names[name] = true
 			out = append(out, v.Snapshot.Full.Get(patchedKey{typeURL: typeURL, name: name, set: a.Patch.String()}, func() any {
-				return newResource(name, a.Value)
+				return NewResource(name, a.Value)
 			}).(*Resource))
 		}
 	}

@@ -79,8 +79,8 @@ func (r *Resources) Names() []string {
 
 var marshal = proto.MarshalOptions{Deterministic: true}
 
-// newResource marshals m once.
-func newResource(name string, m proto.Message) *Resource {
+// NewResource marshals m once, as the resource name.
+func NewResource(name string, m proto.Message) *Resource {
 	b, err := marshal.Marshal(m)
 	if err != nil {
 		// Only invalid UTF-8 in a string field can fail here, which the config validation
@@ -100,8 +100,8 @@ func newResource(name string, m proto.Message) *Resource {
 	}
 }
 
-// newResources sorts items by name and hashes the set.
-func newResources(items []*Resource) *Resources {
+// NewResources sorts items by name and hashes the set.
+func NewResources(items []*Resource) *Resources {
 	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
 	h := fnv.New64a()
 	var buf [8]byte
@@ -148,7 +148,7 @@ func Diff(old, cur *Resources) (changed []*Resource, removed []string) {
 // received a partial (EDS/RDS) update.
 func Merge(old *Resources, update []*Resource) *Resources {
 	if old == nil || len(old.Items) == 0 {
-		return newResources(append([]*Resource(nil), update...))
+		return NewResources(append([]*Resource(nil), update...))
 	}
 	byName := make(map[string]*Resource, len(update))
 	for _, u := range update {
@@ -166,7 +166,7 @@ func Merge(old *Resources, update []*Resource) *Resources {
 	for _, u := range byName {
 		items = append(items, u)
 	}
-	return newResources(items)
+	return NewResources(items)
 }
 
 // Select keeps the items whose names are in names (nil keeps all).
@@ -180,7 +180,7 @@ func Select(r *Resources, names map[string]struct{}) *Resources {
 			items = append(items, it)
 		}
 	}
-	return newResources(items)
+	return NewResources(items)
 }
 
 // Find returns the item named name, or nil (binary search: items are sorted).

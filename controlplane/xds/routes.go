@@ -61,7 +61,7 @@ func routeResource(v *View, name string) *Resource {
 			ValidateClusters: wrapperspb.Bool(false),
 			VirtualHosts:     virtualHosts(v, op, false),
 		}
-		return newResource(name, rc)
+		return NewResource(name, rc)
 	}).(*Resource)
 }
 

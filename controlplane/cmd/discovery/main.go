@@ -15,6 +15,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
+	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 )
@@ -38,10 +39,10 @@ func env(opts *discovery.Options) error {
 		return nil
 	}
 	s := &opts.Server
-	if err := dur("PILOT_DEBOUNCE_AFTER", &s.Debounce.After); err != nil {
+	if err := dur("PILOT_DEBOUNCE_AFTER", &opts.Debounce.After); err != nil {
 		return err
 	}
-	if err := dur("PILOT_DEBOUNCE_MAX", &s.Debounce.Max); err != nil {
+	if err := dur("PILOT_DEBOUNCE_MAX", &opts.Debounce.Max); err != nil {
 		return err
 	}
 	if err := dur("PILOT_XDS_SEND_TIMEOUT", &s.SendTimeout); err != nil {
@@ -55,7 +56,7 @@ func env(opts *discovery.Options) error {
 		if err != nil {
 			return fmt.Errorf("PILOT_ENABLE_EDS_DEBOUNCE=%q: want true or false", v)
 		}
-		s.Debounce.EnableEDS = b
+		opts.Debounce.EnableEDS = b
 	}
 	if v := os.Getenv("PILOT_PUSH_THROTTLE"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -75,7 +76,7 @@ func env(opts *discovery.Options) error {
 }
 
 func newCommand() *cobra.Command {
-	opts := discovery.Options{Server: server.Defaults(), WorkloadGracePeriod: registry.DefaultGracePeriod, ShutdownGrace: 5 * time.Second}
+	opts := discovery.Options{Debounce: push.DefaultDebounce(), Server: server.Defaults(), WorkloadGracePeriod: registry.DefaultGracePeriod, ShutdownGrace: 5 * time.Second}
 	var logLevel string
 	cmd := &cobra.Command{
 		Use:   "discovery",

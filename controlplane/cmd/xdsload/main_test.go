@@ -38,7 +38,7 @@ func startLoad(t *testing.T, config string, o options) *loadRun {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "s.yaml"), []byte(config), 0o644))
 	opts := discovery.Options{ConfigDir: dir, GRPCAddr: "127.0.0.1:0", Server: server.Defaults(), ShutdownGrace: time.Second}
-	opts.Server.Debounce = push.DebounceOptions{After: time.Millisecond, Max: time.Second, EnableEDS: true}
+	opts.Debounce = push.DebounceOptions{After: time.Millisecond, Max: time.Second, EnableEDS: true}
 	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

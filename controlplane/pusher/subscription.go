@@ -1,27 +1,26 @@
-package server
+package pusher
 
 import (
 	"hash/maphash"
 	"slices"
 	"sync"
-
-	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
-// subscription is a set of resource names, shared by every connection that subscribes to
+// Subscription is a set of resource names, shared by every connection that subscribes to
 // exactly that set (typically all proxies of a mesh subscribe to the same EDS clusters), so
 // thousands of proxies hold one copy and their EDS/RDS responses are generated once.
-type subscription struct {
+type Subscription struct {
 	key   uint64
 	names []string // sorted, read-only
 	set   map[string]struct{}
 	refs  int
 	// next remembers where a delta change led from here, so thousands of proxies making the
 	// same change (a new cluster) share one result without sorting and hashing each time.
-	next map[string]*subscription
+	next map[string]*Subscription
 }
 
-func (s *subscription) has(name string) bool {
+// Has reports whether the subscription names name.
+func (s *Subscription) Has(name string) bool {
 	if s == nil {
 		return false
 	}
@@ -29,20 +28,21 @@ func (s *subscription) has(name string) bool {
 	return ok
 }
 
-func (s *subscription) len() int {
+// Len is the number of names.
+func (s *Subscription) Len() int {
 	if s == nil {
 		return 0
 	}
 	return len(s.names)
 }
 
-// sameAs reports whether the subscription is exactly names.
-func (s *subscription) sameAs(names []string) bool {
-	if s.len() != len(names) {
+// SameAs reports whether the subscription is exactly names.
+func (s *Subscription) SameAs(names []string) bool {
+	if s.Len() != len(names) {
 		return false
 	}
 	for _, n := range names {
-		if !s.has(n) {
+		if !s.Has(n) {
 			return false
 		}
 	}
@@ -53,15 +53,15 @@ func (s *subscription) sameAs(names []string) bool {
 type subscriptions struct {
 	seed maphash.Seed
 	mu   sync.Mutex
-	m    map[uint64][]*subscription
+	m    map[uint64][]*Subscription
 }
 
 func newSubscriptions() *subscriptions {
-	return &subscriptions{seed: maphash.MakeSeed(), m: map[uint64][]*subscription{}}
+	return &subscriptions{seed: maphash.MakeSeed(), m: map[uint64][]*Subscription{}}
 }
 
 // acquire returns the shared subscription for names (which it may reorder).
-func (ss *subscriptions) acquire(names []string) *subscription {
+func (ss *subscriptions) acquire(names []string) *Subscription {
 	if !slices.IsSorted(names) {
 		slices.Sort(names)
 	}
@@ -78,7 +78,7 @@ func (ss *subscriptions) acquire(names []string) *subscription {
 			return s
 		}
 	}
-	s := &subscription{key: key, names: slices.Clone(names), set: make(map[string]struct{}, len(names)), refs: 1}
+	s := &Subscription{key: key, names: slices.Clone(names), set: make(map[string]struct{}, len(names)), refs: 1}
 	for _, n := range s.names {
 		s.set[n] = struct{}{}
 	}
@@ -87,7 +87,7 @@ func (ss *subscriptions) acquire(names []string) *subscription {
 }
 
 // release drops a reference; the last one forgets the subscription.
-func (ss *subscriptions) release(s *subscription) {
+func (ss *subscriptions) release(s *Subscription) {
 	if s == nil {
 		return
 	}
@@ -111,33 +111,7 @@ func (ss *subscriptions) release(s *subscription) {
 	}
 }
 
-// subKey memoizes a generated set per subscription and what else the set depends on: the
-// proxy's scope for routes, its EDS key (scope, and locality when it matters) for endpoints.
-type subKey struct {
-	typ   string
-	sub   *subscription
-	scope string
-}
-
-// generate builds the resources of a type for a connection's subscription; named types are
-// memoized in the snapshot per shared subscription, so equal proxies share one result.
-func generate(v *xds.View, typ string, w *watch) *xds.Resources {
-	if w.wildcard {
-		return xds.Generate(v, typ, nil)
-	}
-	if w.sub == nil {
-		return xds.Generate(v, typ, nil)
-	}
-	switch typ {
-	case xds.EndpointType:
-		return v.Snapshot.EDS.Get(subKey{typ: typ, sub: w.sub, scope: v.EDSKey}, func() any { return xds.Generate(v, typ, w.sub.names) }).(*xds.Resources)
-	case xds.RouteType:
-		return v.Snapshot.Full.Get(subKey{typ: typ, sub: w.sub, scope: v.RouteKey()}, func() any { return xds.Generate(v, typ, w.sub.names) }).(*xds.Resources)
-	}
-	return xds.Generate(v, typ, w.sub.names)
-}
-
-func (s *subscription) namesOrNil() []string {
+func (s *Subscription) namesOrNil() []string {
 	if s == nil {
 		return nil
 	}
@@ -146,7 +120,7 @@ func (s *subscription) namesOrNil() []string {
 
 // change returns the subscription that results from adding and removing names (delta
 // requests), acquiring it and releasing from.
-func (ss *subscriptions) change(from *subscription, add, remove []string) *subscription {
+func (ss *subscriptions) change(from *Subscription, add, remove []string) *Subscription {
 	if len(add) == 0 && len(remove) == 0 && from != nil {
 		return from
 	}
@@ -173,7 +147,7 @@ func (ss *subscriptions) change(from *subscription, add, remove []string) *subsc
 	for _, n := range remove {
 		drop[n] = true
 	}
-	names := make([]string, 0, from.len()+len(add))
+	names := make([]string, 0, from.Len()+len(add))
 	for _, n := range from.namesOrNil() {
 		if !drop[n] {
 			names = append(names, n)
@@ -184,7 +158,7 @@ func (ss *subscriptions) change(from *subscription, add, remove []string) *subsc
 	if from != nil {
 		ss.mu.Lock()
 		if from.next == nil {
-			from.next = map[string]*subscription{}
+			from.next = map[string]*Subscription{}
 		}
 		if len(from.next) > 64 {
 			clear(from.next) // bounded: transitions are a cache

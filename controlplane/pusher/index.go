@@ -1,4 +1,4 @@
-package server
+package pusher
 
 import (
 	"sync"
@@ -7,7 +7,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
-// connIndex finds the connections a push concerns without visiting the others, as Istio's
+// watchIndex finds the proxies a push concerns without visiting the others, as Istio's
 // ProxyNeedsPush decides per proxy: an endpoints-only change concerns the connections whose
 // EDS subscription names one of its clusters; a full change of services only (see
 // servicesOnly) also those whose scope reaches or routes a changed host, or whose namespace
@@ -15,12 +15,12 @@ import (
 // shape; any other full change concerns every connection. Connections sharing a
 // subscription share one entry, so a push that concerns 20 of 2000 proxies looks at a few
 // subscriptions and shapes, then at those 20 only.
-type connIndex struct {
-	mu sync.Mutex // taken under a connection's mu (setEDS); never takes a connection's lock or the queue's
+type watchIndex struct {
+	mu sync.Mutex // taken under a watch's mu (setEDS); never takes a watch's lock
 	// live connections (added, not yet removed), by EDS subscription (nil: none yet) and
 	// by shape; a connection is live while its shape's set holds it.
-	bySub   map[*subscription]map[*Connection]struct{}
-	byShape map[string]map[*Connection]struct{}
+	bySub   map[*Subscription]map[*Proxy]struct{}
+	byShape map[string]map[*Proxy]struct{}
 
 	// scopes of the shapes, as of the traffic config in force (Sidecars, VirtualServices,
 	// mesh config): a push of services only changes none of it, so a scope built on an
@@ -30,26 +30,26 @@ type connIndex struct {
 	scopes map[string]*xds.Scope
 }
 
-func newConnIndex() *connIndex {
-	return &connIndex{bySub: map[*subscription]map[*Connection]struct{}{}, byShape: map[string]map[*Connection]struct{}{}}
+func newWatchIndex() *watchIndex {
+	return &watchIndex{bySub: map[*Subscription]map[*Proxy]struct{}{}, byShape: map[string]map[*Proxy]struct{}{}}
 }
 
 // live reports whether c was added and not yet removed (the caller holds x.mu).
-func (x *connIndex) live(c *Connection) bool {
+func (x *watchIndex) live(c *Proxy) bool {
 	_, ok := x.byShape[c.shape][c]
 	return ok
 }
 
-func addTo[K comparable](m map[K]map[*Connection]struct{}, k K, c *Connection) {
+func addTo[K comparable](m map[K]map[*Proxy]struct{}, k K, c *Proxy) {
 	set := m[k]
 	if set == nil {
-		set = map[*Connection]struct{}{}
+		set = map[*Proxy]struct{}{}
 		m[k] = set
 	}
 	set[c] = struct{}{}
 }
 
-func removeFrom[K comparable](m map[K]map[*Connection]struct{}, k K, c *Connection) {
+func removeFrom[K comparable](m map[K]map[*Proxy]struct{}, k K, c *Proxy) {
 	if set := m[k]; set != nil {
 		delete(set, c)
 		if len(set) == 0 {
@@ -59,7 +59,7 @@ func removeFrom[K comparable](m map[K]map[*Connection]struct{}, k K, c *Connecti
 }
 
 // add indexes a connection that has joined the server.
-func (x *connIndex) add(c *Connection) {
+func (x *watchIndex) add(c *Proxy) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	addTo(x.bySub, c.edsSub, c)
@@ -67,7 +67,7 @@ func (x *connIndex) add(c *Connection) {
 }
 
 // remove forgets a connection that has left; later subscription changes of it are ignored.
-func (x *connIndex) remove(c *Connection) {
+func (x *watchIndex) remove(c *Proxy) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if !x.live(c) {
@@ -77,8 +77,8 @@ func (x *connIndex) remove(c *Connection) {
 	removeFrom(x.byShape, c.shape, c)
 }
 
-// setEDS records the connection's EDS subscription (the caller holds c.mu).
-func (x *connIndex) setEDS(c *Connection, sub *subscription) {
+// setEDS records the connection's EDS subscription (the caller holds w.mu).
+func (x *watchIndex) setEDS(c *Proxy, sub *Subscription) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.live(c) {
@@ -90,7 +90,7 @@ func (x *connIndex) setEDS(c *Connection, sub *subscription) {
 
 // concerned returns the connections ev concerns; prev is the snapshot before it (nil at
 // start-up, when every connection is concerned).
-func (x *connIndex) concerned(ev *pushEvent, prev *push.Snapshot) []*Connection {
+func (x *watchIndex) concerned(ev *Event, prev *push.Snapshot) []*Proxy {
 	var reached map[string]bool
 	if ev.req.Full {
 		if prev == nil || !servicesOnly(ev.req) {
@@ -113,7 +113,7 @@ func (x *connIndex) concerned(ev *pushEvent, prev *push.Snapshot) []*Connection 
 		for shape, c := range shapes {
 			scope := x.scopes[shape]
 			if scope == nil {
-				scope = xds.CachedScope(prev, c.Proxy, shape)
+				scope = xds.CachedScope(prev, c.proxy, shape)
 				x.scopes[shape] = scope
 			}
 			reached[shape] = c.reaches(ev, prev, scope)
@@ -121,7 +121,7 @@ func (x *connIndex) concerned(ev *pushEvent, prev *push.Snapshot) []*Connection 
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	var out []*Connection
+	var out []*Proxy
 	for shape, set := range x.byShape {
 		if reached[shape] {
 			for c := range set {
@@ -142,10 +142,10 @@ func (x *connIndex) concerned(ev *pushEvent, prev *push.Snapshot) []*Connection 
 	return out
 }
 
-func (x *connIndex) all() []*Connection {
+func (x *watchIndex) all() []*Proxy {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	var out []*Connection
+	var out []*Proxy
 	for _, set := range x.byShape {
 		for c := range set {
 			out = append(out, c)
@@ -155,10 +155,10 @@ func (x *connIndex) all() []*Connection {
 }
 
 // shapes returns one connection of each shape.
-func (x *connIndex) shapes() map[string]*Connection {
+func (x *watchIndex) shapes() map[string]*Proxy {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	out := make(map[string]*Connection, len(x.byShape))
+	out := make(map[string]*Proxy, len(x.byShape))
 	for shape, set := range x.byShape {
 		for c := range set {
 			out[shape] = c
