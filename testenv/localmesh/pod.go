@@ -46,8 +46,8 @@ type PodSpec struct {
 	// succeeds, as the injector's postStart hook does.
 	HoldApplicationUntilProxyStarts bool
 	// TerminationDrainDuration is the proxy's drain on SIGTERM (default 2s; Istio's is 5s);
-	// the application keeps serving that long after its own SIGTERM, as an application with
-	// a preStop sleep does.
+	// the application keeps serving a second longer after its own SIGTERM, as an
+	// application with a preStop sleep does (appShutdownDelay).
 	TerminationDrainDuration time.Duration
 	// Env is added to the agent's environment (EXIT_ON_ZERO_ACTIVE_CONNECTIONS,
 	// MINIMUM_DRAIN_DURATION, PROXY_CONFIG, ISTIO_META_*, ...).
@@ -348,7 +348,7 @@ func (p *Pod) startAgent(n int) error {
 func (p *Pod) startApp() error {
 	args := []string{"--listen", net.JoinHostPort(p.Localhost, strconv.Itoa(p.Spec.Port)),
 		"--service", p.Spec.Labels["app"], "--version", p.Spec.Labels["version"], "--pod", p.Spec.Name,
-		"--outboundAddress", p.Localhost, "--shutdownDelay", p.Spec.TerminationDrainDuration.String()}
+		"--outboundAddress", p.Localhost, "--shutdownDelay", appShutdownDelay(p.Spec.TerminationDrainDuration).String()}
 	for _, c := range p.Spec.Calls {
 		args = append(args, "--call", c)
 	}
@@ -370,6 +370,11 @@ func (p *Pod) startApp() error {
 	p.mu.Unlock()
 	return nil
 }
+
+// appShutdownDelay is how long the application keeps serving after its SIGTERM, as an
+// application with a preStop sleep does: past the proxy's drain and its exit, so the proxy
+// never takes a connection its application is no longer there to answer (a 503).
+func appShutdownDelay(drain time.Duration) time.Duration { return drain + time.Second }
 
 // Stop terminates the pod as the kubelet does: SIGTERM to every container at once (the
 // agent drains its proxy; the application keeps serving for the drain duration), then
