@@ -6,21 +6,12 @@ package filedir
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
-	"time"
-
-	"github.com/fsnotify/fsnotify"
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/metrics"
@@ -151,14 +142,6 @@ func (s *Source) Status() []DocStatus {
 	return out
 }
 
-func isConfigFile(name string) bool {
-	switch strings.ToLower(filepath.Ext(name)) {
-	case ".yaml", ".yml", ".json":
-		return !strings.HasPrefix(filepath.Base(name), ".")
-	}
-	return false
-}
-
 // Sync reads the whole directory, applies what is valid and publishes what changed.
 // It returns an error only when the directory itself cannot be read.
 func (s *Source) Sync() error { return s.sync(nil) }
@@ -190,98 +173,6 @@ func (s *Source) sync(paths map[string]struct{}) error {
 	}
 	s.apply(files, reread)
 	return nil
-}
-
-// walk lists the config files of the tree, sorted.
-func (s *Source) walk() ([]string, error) {
-	var files []string
-	err := filepath.WalkDir(s.dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && p != s.dir && strings.HasPrefix(d.Name(), ".") {
-			return filepath.SkipDir // e.g. Kubernetes ConfigMap ..data symlink farms
-		}
-		if !d.IsDir() && isConfigFile(p) {
-			files = append(files, p)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading config directory %s: %w", s.dir, err)
-	}
-	sort.Strings(files)
-	return files, nil
-}
-
-// filesAfter is the sorted file list after a change at paths, from the files read last time,
-// and the files to read again (by path relative to the directory); ok is false when only a
-// walk can tell (the caller holds s.mu).
-func (s *Source) filesAfter(paths map[string]struct{}) (files []string, reread map[string]bool, ok bool) {
-	if s.unreadable {
-		return nil, nil, false
-	}
-	present := make(map[string]bool, len(s.parsed)+len(paths))
-	for rel := range s.parsed {
-		present[rel] = true
-	}
-	reread = map[string]bool{}
-	for p := range paths {
-		rel, err := filepath.Rel(s.dir, p)
-		if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-			return nil, nil, false
-		}
-		fi, err := os.Stat(p)
-		switch {
-		case err == nil && fi.IsDir():
-			return nil, nil, false
-		case inHiddenDir(rel):
-			// A walk skips hidden directories: nothing there is in force.
-		case !isConfigFile(p):
-			if s.hasFilesUnder(rel) {
-				return nil, nil, false // a directory removed or renamed
-			}
-		case errors.Is(err, fs.ErrNotExist):
-			if s.hasFilesUnder(rel) {
-				return nil, nil, false
-			}
-			delete(present, rel)
-		default:
-			present[rel], reread[rel] = true, true
-		}
-	}
-	files = make([]string, 0, len(present))
-	for rel := range present {
-		files = append(files, filepath.Join(s.dir, rel))
-	}
-	sort.Strings(files)
-	return files, reread, true
-}
-
-// inHiddenDir reports whether a path relative to the directory lies in a hidden
-// subdirectory, which a walk skips.
-func inHiddenDir(rel string) bool {
-	dir := filepath.Dir(rel)
-	if dir == "." {
-		return false
-	}
-	for _, part := range strings.Split(dir, string(filepath.Separator)) {
-		if strings.HasPrefix(part, ".") {
-			return true
-		}
-	}
-	return false
-}
-
-// hasFilesUnder reports whether files read last time lie under the directory rel.
-func (s *Source) hasFilesUnder(rel string) bool {
-	prefix := rel + string(filepath.Separator)
-	for file := range s.parsed {
-		if strings.HasPrefix(file, prefix) {
-			return true
-		}
-	}
-	return false
 }
 
 // apply reads files (only those in reread when it is not nil: the others hold the bytes
@@ -647,151 +538,9 @@ func changeEvent(changed map[config.Key]struct{}, next map[config.Key]*config.Co
 	return ev
 }
 
-// readChanged reads a file, or returns had when the file holds exactly those bytes: an
-// unchanged file is compared in place, without a copy of it to collect.
-func readChanged(file string, had []byte) ([]byte, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	readAll := func() ([]byte, error) {
-		b := bytes.NewBuffer(make([]byte, 0, fi.Size()+bytes.MinRead))
-		_, err := b.ReadFrom(f)
-		return b.Bytes(), err
-	}
-	if had == nil || fi.Size() != int64(len(had)) {
-		return readAll()
-	}
-	var buf [32 << 10]byte
-	for off := 0; ; {
-		n, err := io.ReadFull(f, buf[:])
-		if n > 0 && (off+n > len(had) || !bytes.Equal(buf[:n], had[off:off+n])) {
-			break // differs (or grew): read it whole
-		}
-		off += n
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			if off == len(had) {
-				return had, nil
-			}
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return nil, err
-	}
-	return readAll()
-}
-
-// parsedFile remembers a file's bytes and what they parsed to.
-type parsedFile struct {
-	data []byte
-	docs []config.Document
-}
-
 func eventName(existed bool) string {
 	if existed {
 		return "update"
 	}
 	return "add"
-}
-
-// Watching is closed once Run watches the directory tree: a change made after it is seen.
-func (s *Source) Watching() <-chan struct{} { return s.watching }
-
-// Run implements source.Source: it publishes what is in force to sink (Publish), then
-// watches the directory until ctx ends, reading again what changes.
-func (s *Source) Run(ctx context.Context, sink source.Sink) error {
-	if err := s.Publish(sink); err != nil {
-		return err
-	}
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("watching %s: %w", s.dir, err)
-	}
-	defer w.Close()
-	if err := addTree(w, s.dir); err != nil {
-		return err
-	}
-	s.watchingOnce.Do(func() { close(s.watching) })
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-w.Events:
-			if !ok {
-				return nil
-			}
-			paths := map[string]struct{}{}
-			seen := func(ev fsnotify.Event) {
-				paths[ev.Name] = struct{}{}
-				if ev.Has(fsnotify.Create) {
-					if fi, err := os.Stat(ev.Name); err == nil && fi.IsDir() {
-						_ = addTree(w, ev.Name)
-					}
-				}
-			}
-			seen(ev)
-			// Coalesce a burst of events (an editor's truncate+write+rename+chmod) into one
-			// read once the directory has been quiet for a moment.
-			settle(ctx, w.Events, seen, 50*time.Millisecond, time.Second)
-			if err := s.SyncPaths(paths); err != nil {
-				s.log.Error("config directory unreadable; keeping the last good configs", "error", err)
-			}
-		case err, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
-			// Events may have been lost (an overflowing queue): read the whole tree again.
-			s.log.Error("watch error; reading the whole directory again", "error", err)
-			if err := s.Sync(); err != nil {
-				s.log.Error("config directory unreadable; keeping the last good configs", "error", err)
-			}
-		}
-	}
-}
-
-// settle hands events to seen until none arrived for quiet, or max has passed.
-func settle(ctx context.Context, ch <-chan fsnotify.Event, seen func(fsnotify.Event), quiet, max time.Duration) {
-	deadline := time.NewTimer(max)
-	defer deadline.Stop()
-	q := time.NewTimer(quiet)
-	defer q.Stop()
-	for {
-		select {
-		case ev, ok := <-ch:
-			if !ok {
-				return
-			}
-			seen(ev)
-			q.Reset(quiet)
-		case <-q.C:
-			return
-		case <-deadline.C:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-func addTree(w *fsnotify.Watcher, dir string) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if err := w.Add(p); err != nil {
-				return fmt.Errorf("watching %s: %w", p, err)
-			}
-		}
-		return nil
-	})
 }
