@@ -413,14 +413,14 @@ type baseline struct {
 	proxy   *model.Proxy
 	cache   cachev3.SnapshotCache
 	nodes   int
-	snap    *push.Snapshot
+	snap    *xds.Snapshot
 	seq     int
 }
 
 func (bl *baseline) resources(full bool, hosts map[string]struct{}) *cachev3.Snapshot {
 	bl.seq++
 	if full || bl.snap == nil {
-		bl.snap = push.Build(fmt.Sprint(bl.seq), mesh.Default(), config.NewIndex(bl.configs), bl.reg)
+		bl.snap = xds.NewSnapshot(push.Build(fmt.Sprint(bl.seq), mesh.Default(), config.NewIndex(bl.configs), bl.reg))
 	} else {
 		bl.snap = bl.snap.WithEndpoints(fmt.Sprint(bl.seq), bl.reg, hosts)
 	}

@@ -48,7 +48,7 @@ func defaultCacheDir() string {
 }
 
 // onSnapshot logs each configuration problem the first time it is found in a snapshot.
-func (d *Discovery) onSnapshot(snap *push.Snapshot) {
+func (d *Discovery) onSnapshot(snap *xds.Snapshot) {
 	xds.ReportTo(snap, func(p *xds.Problem) {
 		args := []any{"config", p.Source.String(), "resource", p.Resource, "error", p.Message}
 		if p.Patch >= 0 {

@@ -3,7 +3,6 @@ package push
 import (
 	"maps"
 	"slices"
-	"sync"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
@@ -14,7 +13,8 @@ import (
 
 // Snapshot is everything one push generates from, built once per debounced change and
 // shared read-only by every connection. An endpoints-only change derives a new snapshot
-// that shares the services, configs and their generated resources with its parent.
+// that shares the services and configs with its parent (what is generated from them is
+// cached beside it: xds.Snapshot).
 type Snapshot struct {
 	// Version identifies the snapshot; sent as the SotW version_info.
 	Version string
@@ -29,11 +29,6 @@ type Snapshot struct {
 	byNS      map[string][]*model.Service // services by namespace, sorted by host
 	selecting map[string][]*model.Service // services with a workload selector, by namespace
 	endpoints *epLayer
-
-	// Full caches results that depend on services, configs and mesh config (CDS, LDS, RDS,
-	// per-proxy shapes); EDS caches results that depend on endpoints as well.
-	Full *Memo
-	EDS  *Memo
 }
 
 // Build reads the registry and configs into a new snapshot.
@@ -43,7 +38,7 @@ func Build(version string, mesh *meshconfig.MeshConfig, configs *config.Index, r
 		Version: version, FullVersion: version, Mesh: mesh, Configs: configs, Services: services,
 		byHost: make(map[string]*model.Service, len(services)), byNS: map[string][]*model.Service{},
 		selecting: map[string][]*model.Service{},
-		endpoints: &epLayer{m: make(map[string][]*model.Endpoint, len(services))}, Full: newMemo(), EDS: newMemo(),
+		endpoints: &epLayer{m: make(map[string][]*model.Endpoint, len(services))},
 	}
 	for _, svc := range services {
 		s.byHost[svc.Hostname] = svc
@@ -58,23 +53,23 @@ func Build(version string, mesh *meshconfig.MeshConfig, configs *config.Index, r
 	return s
 }
 
+// Derivable reports whether a change of the services of hosts is small enough to derive
+// its snapshot (WithServices) rather than build it anew: a change of many hosts builds anew.
+func (s *Snapshot) Derivable(hosts map[string]struct{}) bool { return len(hosts) <= len(s.Services)/16 }
+
 // WithServices derives the snapshot of a change that touched nothing but the services of
 // hosts and their endpoints (and the ServiceEntry and WorkloadEntry configs behind them,
 // hence configs): the services of other hosts, the indexes of unchanged namespaces and the
 // endpoints of unchanged hosts are shared, so such a change costs what changed, not the
-// size of the mesh; a change of many hosts builds anew. Of the generated resources, those
-// of one host (HostKey entries: its clusters and endpoint assignments) are inherited for the
-// hosts that did not change; everything else is generated again for the proxies the push
-// concerns.
+// size of the mesh (see Derivable). What was generated for one host that did not change is
+// inherited beside it (xds.Snapshot); everything else is generated again for the proxies the
+// push concerns.
 func (s *Snapshot) WithServices(version string, configs *config.Index, reg registry.Registry, hosts map[string]struct{}) *Snapshot {
-	if len(hosts) > len(s.Services)/16 {
-		return Build(version, s.Mesh, configs, reg)
-	}
 	current := reg.Services()
 	n := &Snapshot{
 		Version: version, FullVersion: version, Mesh: s.Mesh, Configs: configs, Services: slices.Clone(s.Services),
 		byHost: maps.Clone(s.byHost), byNS: maps.Clone(s.byNS), selecting: maps.Clone(s.selecting),
-		endpoints: s.endpoints.with(reg, hosts), Full: s.Full.without(hosts), EDS: s.EDS.without(hosts),
+		endpoints: s.endpoints.with(reg, hosts),
 	}
 	namespaces := map[string]bool{} // whose services changed
 	for h := range hosts {
@@ -124,7 +119,7 @@ func setOrDelete(m map[string][]*model.Service, k string, v []*model.Service) {
 }
 
 // WithEndpoints derives a snapshot in which the endpoints of hosts are read again from reg;
-// everything else, including generated CDS/LDS/RDS and the EDS of other hosts, is shared.
+// everything else is shared.
 func (s *Snapshot) WithEndpoints(version string, reg registry.Registry, hosts map[string]struct{}) *Snapshot {
 	n := *s
 	n.Version = version
@@ -135,7 +130,6 @@ func (s *Snapshot) WithEndpoints(version string, reg registry.Registry, hosts ma
 		}
 	}
 	n.endpoints = s.endpoints.with(reg, known)
-	n.EDS = s.EDS.without(hosts)
 	return &n
 }
 
@@ -210,95 +204,4 @@ func (s *Snapshot) ServicesSelecting(ns string, labels map[string]string) []*mod
 		}
 	}
 	return out
-}
-
-// HostKey is a memo key for a result that depends on one host's service and endpoints and
-// otherwise only on what neither an endpoints-only nor a services-only change touches (mesh
-// config, and configs other than ServiceEntry and WorkloadEntry): WithEndpoints and
-// WithServices drop exactly the keys of changed hosts.
-type HostKey struct {
-	Host string
-	Name string
-}
-
-// Memo caches values built from a snapshot, each built once even when many connections ask
-// at the same time. The EDS memo of an endpoints-only snapshot, and both memos of a
-// services-only one, inherit every HostKey entry of a host that did not change.
-type Memo struct {
-	m     sync.Map // key → *memoEntry, for keys other than HostKey
-	hosts *hostLayer
-}
-
-// hostLayer holds a memo's HostKey entries. A layer with a parent inherits the parent's
-// entries unless their host is in changed; layers hold nothing else, so a snapshot's other
-// memo entries (which may refer to the snapshot) are not kept alive by its successors.
-type hostLayer struct {
-	m       sync.Map // HostKey → *memoEntry
-	parent  *hostLayer
-	changed map[string]struct{}
-	depth   int
-}
-
-func newMemo() *Memo { return &Memo{hosts: &hostLayer{}} }
-
-type memoEntry struct {
-	once sync.Once
-	val  any
-}
-
-// Get returns the value for key, building it with build on first use.
-func (m *Memo) Get(key any, build func() any) any {
-	var me *memoEntry
-	if hk, ok := key.(HostKey); ok {
-		me = m.hosts.entry(hk)
-	} else {
-		e, _ := m.m.LoadOrStore(key, &memoEntry{})
-		me = e.(*memoEntry)
-	}
-	me.once.Do(func() { me.val = build() })
-	return me.val
-}
-
-// entry returns key's entry: this layer's, else one inherited from the layers below if it
-// still holds here (not past a layer that changed its host), else a new one. An inherited
-// entry is not stored again here: a change does not copy the entries of the hosts it did
-// not change, even as they are read.
-func (l *hostLayer) entry(key HostKey) *memoEntry {
-	if e, ok := l.m.Load(key); ok {
-		return e.(*memoEntry)
-	}
-	for cur := l; cur.parent != nil; cur = cur.parent {
-		if _, changed := cur.changed[key.Host]; changed {
-			break
-		}
-		if e, ok := cur.parent.m.Load(key); ok {
-			return e.(*memoEntry)
-		}
-	}
-	e, _ := l.m.LoadOrStore(key, &memoEntry{})
-	return e.(*memoEntry)
-}
-
-// without returns a memo whose HostKey entries are a layer over m's in which the entries of
-// the changed hosts do not hold (every maxLayers-th layer is flattened into one of its own);
-// its other entries start empty.
-func (m *Memo) without(changed map[string]struct{}) *Memo {
-	n := &hostLayer{parent: m.hosts, changed: changed, depth: m.hosts.depth + 1}
-	if n.depth <= maxLayers {
-		return &Memo{hosts: n}
-	}
-	flat := &hostLayer{}
-	dropped := map[string]struct{}{}
-	for cur := n; cur.parent != nil; cur = cur.parent {
-		for h := range cur.changed {
-			dropped[h] = struct{}{}
-		}
-		cur.parent.m.Range(func(k, v any) bool {
-			if _, d := dropped[k.(HostKey).Host]; !d {
-				flat.m.LoadOrStore(k, v) // the nearest layer's entry wins
-			}
-			return true
-		})
-	}
-	return &Memo{hosts: flat}
 }

@@ -4,11 +4,9 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,8 +50,9 @@ func TestEndpointsOnlySnapshotsStayExact(t *testing.T) {
 	history := []moment{{snap, maps.Clone(reg.endpoints)}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	buildCount := map[string]int{}
-	eds := func(s *Snapshot, h string) any {
-		return s.EDS.Get(HostKey{Host: h, Name: "eds"}, func() any { buildCount[h]++; return fmt.Sprint(s.Endpoints(h)) })
+	cache := NewHostCache[string]() // derived with each snapshot, as xds.Snapshot derives its own
+	eds := func(s *Snapshot, h string) string {
+		return cache.Get(HostKey{Host: h, Name: "eds"}, func() string { buildCount[h]++; return fmt.Sprint(s.Endpoints(h)) })
 	}
 	for i := range reg.services {
 		eds(snap, reg.services[i].Hostname)
@@ -72,9 +71,10 @@ func TestEndpointsOnlySnapshotsStayExact(t *testing.T) {
 		changed["unknown.test"] = struct{}{} // not a service: ignored
 		before := maps.Clone(buildCount)
 		snap = snap.WithEndpoints(fmt.Sprintf("v%d", step+1), reg, changed)
+		cache = cache.Without(changed)
 		history = append(history, moment{snap, maps.Clone(reg.endpoints)})
 		require.LessOrEqual(t, snap.endpoints.depth, maxLayers)
-		require.LessOrEqual(t, snap.EDS.hosts.depth, maxLayers)
+		require.LessOrEqual(t, cache.layer.depth, maxLayers)
 
 		for _, svc := range reg.services {
 			h := svc.Hostname
@@ -94,11 +94,6 @@ func TestEndpointsOnlySnapshotsStayExact(t *testing.T) {
 			}
 		}
 	}
-	// Keys that do not name a host depend on all endpoints: never inherited.
-	prev := snap
-	prev.EDS.Get("all", func() any { return 1 })
-	next := prev.WithEndpoints("last", reg, map[string]struct{}{})
-	assert.Equal(t, 2, next.EDS.Get("all", func() any { return 2 }))
 }
 
 // A run of services-only changes (WithServices) leaves every snapshot answering exactly
@@ -177,32 +172,4 @@ func TestServicesOnlySnapshotsMatchAFullBuild(t *testing.T) {
 			require.Equal(t, m.want, answers(m.snap), "snapshot %s changed later", m.snap.Version)
 		}
 	}
-}
-
-// Derived snapshots inherit the HostKey entries of unchanged hosts and nothing else: a
-// snapshot whose memo entries refer to it (as generated views do) is collected once no
-// push holds it, though its successors still serve what it generated per host.
-func TestDerivedSnapshotsDoNotKeepTheirParentAlive(t *testing.T) {
-	reg := servicesWithOneEndpoint(40)
-	parent := Build("v0", nil, nil, reg)
-	collected := make(chan struct{})
-	runtime.AddCleanup(parent, func(ch chan struct{}) { close(ch) }, collected)
-	parent.Full.Get("view", func() any { return parent }) // refers to its snapshot
-	cluster := parent.Full.Get(HostKey{Host: "svc-1.test", Name: "cluster"}, func() any { return new(int) })
-	assignment := parent.EDS.Get(HostKey{Host: "svc-2.test", Name: "assignment"}, func() any { return new(int) })
-	changed := map[string]struct{}{"svc-3.test": {}}
-	snap := parent.WithServices("v1", nil, reg, changed).WithEndpoints("v2", reg, changed)
-	parent = nil
-	for range 20 {
-		runtime.GC()
-		select {
-		case <-collected:
-			assert.Same(t, cluster, snap.Full.Get(HostKey{Host: "svc-1.test", Name: "cluster"}, func() any { return new(int) }))
-			assert.Same(t, assignment, snap.EDS.Get(HostKey{Host: "svc-2.test", Name: "assignment"}, func() any { return new(int) }))
-			assert.Equal(t, 2, snap.Full.Get("view", func() any { return 2 }), "an entry other than HostKey inherited")
-			return
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	t.Fatal("the parent snapshot is still reachable from its successors")
 }

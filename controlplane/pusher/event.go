@@ -14,7 +14,7 @@ import (
 // event is shared by every watcher of a push (merging makes a new one), so what it derives is
 // computed once.
 type Event struct {
-	snap   *push.Snapshot
+	snap   *xds.Snapshot
 	req    *push.Request
 	queued time.Time
 
@@ -24,7 +24,7 @@ type Event struct {
 
 // NewEvent is an event of a snapshot for the changes in r (tests and benchmarks build their
 // own).
-func NewEvent(snap *push.Snapshot, r *push.Request) *Event {
+func NewEvent(snap *xds.Snapshot, r *push.Request) *Event {
 	return &Event{snap: snap, req: r, queued: time.Now()}
 }
 
@@ -32,7 +32,7 @@ func NewEvent(snap *push.Snapshot, r *push.Request) *Event {
 func (e *Event) Version() string { return e.snap.Version }
 
 // Snapshot is the snapshot the event pushes.
-func (e *Event) Snapshot() *push.Snapshot { return e.snap }
+func (e *Event) Snapshot() *xds.Snapshot { return e.snap }
 
 // Full reports whether every type may have changed (else only endpoints did).
 func (e *Event) Full() bool { return e.req.Full }

@@ -3,7 +3,6 @@ package pusher
 import (
 	"sync"
 
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
@@ -90,7 +89,7 @@ func (x *watchIndex) setEDS(c *Proxy, sub *Subscription) {
 
 // concerned returns the connections ev concerns; prev is the snapshot before it (nil at
 // start-up, when every connection is concerned).
-func (x *watchIndex) concerned(ev *Event, prev *push.Snapshot) []*Proxy {
+func (x *watchIndex) concerned(ev *Event, prev *xds.Snapshot) []*Proxy {
 	var reached map[string]bool
 	if ev.req.Full {
 		if prev == nil || !servicesOnly(ev.req) {

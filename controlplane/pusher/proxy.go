@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
@@ -124,9 +123,9 @@ func (w *Proxy) SameNames(typ string, names []string) bool {
 }
 
 // Resources is what the proxy gets of typ from snap (the snapshot in force when nil), with
-// the snapshot's version. Named types are generated once per shared subscription and per
-// what else they depend on, so equal proxies share one result.
-func (w *Proxy) Resources(typ string, snap *push.Snapshot) (*xds.Resources, string) {
+// the snapshot's version. Named types are generated once per shared subscription
+// (xds.GenerateSet), so equal proxies share one result.
+func (w *Proxy) Resources(typ string, snap *xds.Snapshot) (*xds.Resources, string) {
 	if snap == nil {
 		snap = w.p.Snapshot()
 	}
@@ -137,21 +136,7 @@ func (w *Proxy) Resources(typ string, snap *push.Snapshot) (*xds.Resources, stri
 	if wild || sub == nil {
 		return xds.Generate(v, typ, nil), snap.Version
 	}
-	switch typ {
-	case xds.EndpointType:
-		return v.Snapshot.EDS.Get(subKey{typ: typ, sub: sub, scope: v.EDSKey}, func() any { return xds.Generate(v, typ, sub.names) }).(*xds.Resources), snap.Version
-	case xds.RouteType:
-		return v.Snapshot.Full.Get(subKey{typ: typ, sub: sub, scope: v.RouteKey()}, func() any { return xds.Generate(v, typ, sub.names) }).(*xds.Resources), snap.Version
-	}
-	return xds.Generate(v, typ, sub.names), snap.Version
-}
-
-// subKey memoizes a generated set per subscription and what else the set depends on: the
-// proxy's scope for routes, its EDS key (scope, and locality when it matters) for endpoints.
-type subKey struct {
-	typ   string
-	sub   *Subscription
-	scope string
+	return xds.GenerateSet(v, typ, &sub.id), snap.Version
 }
 
 // View returns the proxy's view of the snapshot in force.
@@ -159,7 +144,7 @@ func (w *Proxy) View() *xds.View { return w.viewFor(w.p.Snapshot()) }
 
 // viewFor reuses the proxy's view while the full snapshot is unchanged: an endpoints-only
 // snapshot changes nothing the view computed.
-func (w *Proxy) viewFor(snap *push.Snapshot) *xds.View {
+func (w *Proxy) viewFor(snap *xds.Snapshot) *xds.View {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
@@ -176,9 +161,9 @@ func (w *Proxy) viewFor(snap *push.Snapshot) *xds.View {
 // reaches reports whether the proxy, whose scope (built on a snapshot with today's traffic
 // config) is given, reaches or routes a host a services-only push changed, before or after
 // it, or whether one is in its namespace.
-func (w *Proxy) reaches(ev *Event, prev *push.Snapshot, scope *xds.Scope) bool {
+func (w *Proxy) reaches(ev *Event, prev *xds.Snapshot, scope *xds.Scope) bool {
 	for h := range ev.req.EDSHosts {
-		for _, snap := range []*push.Snapshot{prev, ev.snap} {
+		for _, snap := range []*xds.Snapshot{prev, ev.snap} {
 			if scope.Reaches(snap, h) {
 				return true
 			}

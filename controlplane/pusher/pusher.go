@@ -35,7 +35,7 @@ type Deps struct {
 	Mesh     func() *meshconfig.MeshConfig
 	// OnSnapshot, when set, sees every snapshot before it is used (discovery attaches the
 	// reporting of configuration that could not be applied).
-	OnSnapshot func(*push.Snapshot)
+	OnSnapshot func(*xds.Snapshot)
 }
 
 // Status describes the latest push, for /debug/push_status.
@@ -61,7 +61,7 @@ type Pusher struct {
 	subs    *subscriptions
 	index   *watchIndex
 
-	snapshot atomic.Pointer[push.Snapshot]
+	snapshot atomic.Pointer[xds.Snapshot]
 	ready    atomic.Bool
 	version  atomic.Uint64
 	// unsettled counts the changes handed to ConfigUpdate, by their reasons (which merging
@@ -103,7 +103,7 @@ func (p *Pusher) ConfigUpdate(r *push.Request) {
 }
 
 // Snapshot returns the snapshot in force (nil before the first build).
-func (p *Pusher) Snapshot() *push.Snapshot { return p.snapshot.Load() }
+func (p *Pusher) Snapshot() *xds.Snapshot { return p.snapshot.Load() }
 
 // Ready reports whether the first snapshot has been built.
 func (p *Pusher) Ready() bool { return p.ready.Load() }
@@ -132,7 +132,7 @@ func (p *Pusher) Run(ctx context.Context) {
 }
 
 // build makes the snapshot for r and installs it.
-func (p *Pusher) build(r *push.Request) *push.Snapshot {
+func (p *Pusher) build(r *push.Request) *xds.Snapshot {
 	start := time.Now()
 	version := fmt.Sprintf("%s/%d", start.UTC().Format("2006-01-02T15:04:05Z"), p.version.Add(1))
 	cur := p.snapshot.Load()
@@ -146,7 +146,7 @@ func (p *Pusher) build(r *push.Request) *push.Snapshot {
 			}
 		}
 	}
-	var snap *push.Snapshot
+	var snap *xds.Snapshot
 	if full {
 		var configs []*config.Config
 		if p.deps.Configs != nil {
@@ -160,7 +160,7 @@ func (p *Pusher) build(r *push.Request) *push.Snapshot {
 			// The changed hosts say what changed: the rest of the snapshot is shared.
 			snap = cur.WithServices(version, ix, p.deps.Registry, r.EDSHosts)
 		} else {
-			snap = push.Build(version, p.deps.Mesh(), ix, p.deps.Registry)
+			snap = xds.NewSnapshot(push.Build(version, p.deps.Mesh(), ix, p.deps.Registry))
 		}
 	} else {
 		snap = cur.WithEndpoints(version, p.deps.Registry, r.EDSHosts)

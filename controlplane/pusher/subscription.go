@@ -4,6 +4,8 @@ import (
 	"hash/maphash"
 	"slices"
 	"sync"
+
+	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
 // Subscription is a set of resource names, shared by every connection that subscribes to
@@ -11,7 +13,8 @@ import (
 // thousands of proxies hold one copy and their EDS/RDS responses are generated once.
 type Subscription struct {
 	key   uint64
-	names []string // sorted, read-only
+	names []string    // sorted, read-only
+	id    xds.NameSet // the names, as generated sets are cached by
 	set   map[string]struct{}
 	refs  int
 	// next remembers where a delta change led from here, so thousands of proxies making the
@@ -79,6 +82,7 @@ func (ss *subscriptions) acquire(names []string) *Subscription {
 		}
 	}
 	s := &Subscription{key: key, names: slices.Clone(names), set: make(map[string]struct{}, len(names)), refs: 1}
+	s.id.Names = s.names
 	for _, n := range s.names {
 		s.set[n] = struct{}{}
 	}

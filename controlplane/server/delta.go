@@ -6,7 +6,6 @@ import (
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
@@ -118,7 +117,7 @@ func (c *Connection) pushDelta(stream discovery.AggregatedDiscoveryService_Delta
 // sendDeltaChanged sends the changed and removed resources of a type; always answers when
 // force is set (the first response to a wildcard subscription, which Envoy waits for even
 // when empty).
-func (c *Connection) sendDeltaChanged(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, force bool) (bool, error) {
+func (c *Connection) sendDeltaChanged(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, typ string, w *watch, snap *xds.Snapshot, force bool) (bool, error) {
 	c.mu.Lock()
 	known := w.known
 	c.mu.Unlock()

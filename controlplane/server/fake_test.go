@@ -37,7 +37,7 @@ import (
 // sends for what the generator gives.
 type fakeGenerator struct {
 	mu       sync.Mutex
-	snap     *push.Snapshot
+	snap     *xds.Snapshot
 	clusters *xds.Resources
 	proxies  []*fakeProxy
 }
@@ -56,7 +56,7 @@ func (g *fakeGenerator) set(version string, clusters ...string) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.snap = push.Build(version, mesh.Default(), config.NewIndex(nil), registry.NewAggregate())
+	g.snap = xds.NewSnapshot(push.Build(version, mesh.Default(), config.NewIndex(nil), registry.NewAggregate()))
 	g.clusters = xds.NewResources(items)
 }
 
@@ -139,7 +139,7 @@ func (p *fakeProxy) SameNames(typ string, names []string) bool {
 }
 
 // Resources serves the generator's clusters (CDS only), all or those named.
-func (p *fakeProxy) Resources(typ string, snap *push.Snapshot) (*xds.Resources, string) {
+func (p *fakeProxy) Resources(typ string, snap *xds.Snapshot) (*xds.Resources, string) {
 	p.g.mu.Lock()
 	set, cur := p.g.clusters, p.g.snap
 	p.g.mu.Unlock()

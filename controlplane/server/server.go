@@ -85,7 +85,7 @@ type ProxyWatch interface {
 	SameNames(typ string, names []string) bool
 	// Resources is what the proxy gets of typ from snap (nil: the snapshot in force), with
 	// the snapshot's version.
-	Resources(typ string, snap *push.Snapshot) (*xds.Resources, string)
+	Resources(typ string, snap *xds.Snapshot) (*xds.Resources, string)
 	Close()
 }
 

@@ -5,7 +5,6 @@ import (
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/pusher"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
@@ -131,7 +130,7 @@ func (c *Connection) pushEDSOnly(ev *pusher.Event, send func(typ string, w *watc
 // sendSotwChanged sends a type when it changed and returns the names that changed. Wildcard
 // types (CDS, LDS) are sent whole; named types send the changed resources plus those named
 // in also, even when unchanged.
-func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot, also map[string]struct{}) (map[string]struct{}, error) {
+func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *xds.Snapshot, also map[string]struct{}) (map[string]struct{}, error) {
 	cur, version := c.gen.Resources(typ, snap)
 	if cur == w.known {
 		return nil, nil // the very set this proxy has: shared results make this common
@@ -167,7 +166,7 @@ func (c *Connection) sendSotwChanged(stream discovery.AggregatedDiscoveryService
 }
 
 // sendSotwAll answers a new subscription with everything it names.
-func (c *Connection) sendSotwAll(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *push.Snapshot) error {
+func (c *Connection) sendSotwAll(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, typ string, w *watch, snap *xds.Snapshot) error {
 	cur, version := c.gen.Resources(typ, snap)
 	return c.sendSotwItems(stream, typ, w, version, cur.Items, cur)
 }

@@ -81,7 +81,7 @@ func outboundClusters(v *View) []*Resource {
 	if trafficOf(v.Snapshot).localityMatters {
 		key.locality = localityString(v.Proxy)
 	}
-	return v.Snapshot.Full.Get(key, func() any {
+	return v.Snapshot.full.clusters.Get(key, func() []*Resource {
 		var out []*Resource
 		for _, svc := range s.Services {
 			dr := s.DestinationRule(svc.Hostname)
@@ -93,7 +93,7 @@ func outboundClusters(v *View) []*Resource {
 			}
 		}
 		return out
-	}).([]*Resource)
+	})
 }
 
 func clusterResource(v *View, svc *model.Service, p model.Port, dr *destRule, sub *networking.Subset) *Resource {
@@ -105,13 +105,13 @@ func clusterResource(v *View, svc *model.Service, p model.Port, dr *destRule, su
 		// DNS clusters carry their endpoints, which locality balancing orders per client.
 		variant += "|" + localityString(v.Proxy) + "|" + model.SortedLabels(v.Proxy.Labels)
 	}
-	return v.Snapshot.Full.Get(push.HostKey{Host: svc.Hostname, Name: name + "\x00" + variant}, func() any {
+	return v.Snapshot.full.hostResources.Get(push.HostKey{Host: svc.Hostname, Name: name + "\x00" + variant}, func() *Resource {
 		c := buildOutboundCluster(v, svc, p, dr, sub)
 		return NewResource(c.Name, c)
-	}).(*Resource)
+	})
 }
 
-func connectTimeout(snap *push.Snapshot) *durationpb.Duration {
+func connectTimeout(snap *Snapshot) *durationpb.Duration {
 	if d := snap.Mesh.GetConnectTimeout(); d != nil {
 		return d
 	}
@@ -264,23 +264,23 @@ func inboundCluster(v *View, in Inbound) *Resource {
 	return NewResource(name, c)
 }
 
-func staticCluster(snap *push.Snapshot, name string) *Resource {
-	return snap.Full.Get("cds/"+name, func() any {
+func staticCluster(snap *Snapshot, name string) *Resource {
+	return snap.full.static.Get("cds/"+name, func() *Resource {
 		return NewResource(name, &cluster.Cluster{
 			Name:                 name,
 			ConnectTimeout:       connectTimeout(snap),
 			ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_STATIC},
 		})
-	}).(*Resource)
+	})
 }
 
-func passthroughCluster(snap *push.Snapshot, name string) *Resource {
-	return snap.Full.Get("cds/"+name, func() any {
+func passthroughCluster(snap *Snapshot, name string) *Resource {
+	return snap.full.static.Get("cds/"+name, func() *Resource {
 		return NewResource(name, &cluster.Cluster{
 			Name:                 name,
 			ConnectTimeout:       connectTimeout(snap),
 			ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_ORIGINAL_DST},
 			LbPolicy:             cluster.Cluster_CLUSTER_PROVIDED,
 		})
-	}).(*Resource)
+	})
 }

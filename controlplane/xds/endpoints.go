@@ -61,13 +61,13 @@ func EndpointResource(v *View, name string) *Resource {
 			}
 		}
 	}
-	return v.Snapshot.EDS.Get(push.HostKey{Host: host, Name: name + "\x00" + variant}, func() any {
+	return v.Snapshot.eds.assignments.Get(push.HostKey{Host: host, Name: name + "\x00" + variant}, func() *Resource {
 		cla, eps := loadAssignment(name, subsetEndpoints(v.Snapshot.Endpoints(host), sub), port)
 		if dr != nil && ll != nil {
 			applyLocality(cla, eps, v.Proxy.Locality, v.Proxy.Labels, ll, failover)
 		}
 		return NewResource(name, cla)
-	}).(*Resource)
+	})
 }
 
 // drVariant names a DestinationRule in memo keys that outlive a snapshot (HostKey): within
@@ -82,7 +82,7 @@ func drVariant(dr *destRule) string {
 
 // EDSClusterNames lists every EDS cluster of host a proxy may watch (the service's ports and
 // the subsets any DestinationRule defines for it), for pushing an endpoints-only change.
-func EDSClusterNames(snap *push.Snapshot, host string) []string {
+func EDSClusterNames(snap *Snapshot, host string) []string {
 	svc := snap.Service(host)
 	if svc == nil || svc.Resolution != model.ClientSideLB {
 		return nil

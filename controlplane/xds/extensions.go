@@ -12,7 +12,6 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/envoyfilter"
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/wasmplugin"
 )
 
@@ -48,17 +47,17 @@ func extensionsOf(v *View) *proxyExtensions {
 	}
 	p := v.Proxy
 	k := extKey{p.Namespace, model.SortedLabels(p.Labels), proxyMatchKey(v.Snapshot, p), p.Generator}
-	return v.Snapshot.Full.Get(k, func() any { return newProxyExtensions(v.Snapshot, p) }).(*proxyExtensions)
+	return v.Snapshot.full.extensions.Get(k, func() *proxyExtensions { return newProxyExtensions(v.Snapshot, p) })
 }
 
-func rootNamespace(snap *push.Snapshot) string {
+func rootNamespace(snap *Snapshot) string {
 	if ns := snap.Mesh.GetRootNamespace(); ns != "" {
 		return ns
 	}
 	return "istio-system"
 }
 
-func newProxyExtensions(snap *push.Snapshot, p *model.Proxy) *proxyExtensions {
+func newProxyExtensions(snap *Snapshot, p *model.Proxy) *proxyExtensions {
 	root := rootNamespace(snap)
 	e := &proxyExtensions{byName: map[string]*wasmplugin.Plugin{}, split: map[string]bool{}}
 	if p.Generator == "grpc" {
@@ -96,18 +95,16 @@ func newProxyExtensions(snap *push.Snapshot, p *model.Proxy) *proxyExtensions {
 }
 
 // compiledPatches decodes an EnvoyFilter once per snapshot.
-func compiledPatches(snap *push.Snapshot, c *config.Config) []*envoyfilter.Patch {
-	return snap.Full.Get(compiledKey{c.Key()}, func() any {
+func compiledPatches(snap *Snapshot, c *config.Config) []*envoyfilter.Patch {
+	return snap.full.compiled.Get(compiledKey{c.Key()}, func() []*envoyfilter.Patch {
 		ps, err := envoyfilter.Compile(c)
 		if err != nil {
 			// Validation decoded the same values; only a config that bypassed it gets here.
 			return []*envoyfilter.Patch(nil)
 		}
 		return ps
-	}).([]*envoyfilter.Patch)
+	})
 }
-
-type matchInputsKey struct{}
 
 type matchInputs struct {
 	version bool
@@ -115,11 +112,11 @@ type matchInputs struct {
 }
 
 // proxyMatchKey renders the proxy properties EnvoyFilter proxy matches read (none, usually).
-func proxyMatchKey(snap *push.Snapshot, p *model.Proxy) string {
-	in := snap.Full.Get(matchInputsKey{}, func() any {
+func proxyMatchKey(snap *Snapshot, p *model.Proxy) string {
+	in := snap.full.matchInputs.Get(func() *matchInputs {
 		v, keys := envoyfilter.ProxyInputs(snap.Configs)
 		return &matchInputs{version: v, keys: keys}
-	}).(*matchInputs)
+	})
 	if !in.version && len(in.keys) == 0 {
 		return ""
 	}
@@ -188,20 +185,20 @@ func extensionResource(v *View, name string) *Resource {
 		if p.Telemetry {
 			overlay = e.telemetry.key(inbound)
 		}
-		return v.Snapshot.Full.Get(ecdsKey{name: name, plugin: p.Key, overlay: overlay}, func() any {
+		return v.Snapshot.full.ecds.Get(ecdsKey{name: name, plugin: p.Key, overlay: overlay}, func() *Resource {
 			return pluginResource(v.Snapshot, e, p, name, inbound)
-		}).(*Resource)
+		})
 	}
 	if a := e.patches.ExtensionConfigs()[name]; a != nil {
 		key := ecdsKey{name: name, envoyFilter: fmt.Sprintf("%s#%d", a.Patch.Filter, a.Patch.Index)}
-		return v.Snapshot.Full.Get(key, func() any { return NewResource(name, a.Value) }).(*Resource)
+		return v.Snapshot.full.ecds.Get(key, func() *Resource { return NewResource(name, a.Value) })
 	}
 	return nil
 }
 
 // pluginResource builds a plugin's ECDS resource; nil (left out) when it cannot be built,
 // which the module fetcher has already reported.
-func pluginResource(snap *push.Snapshot, e *proxyExtensions, p *wasmplugin.Plugin, name string, inbound bool) *Resource {
+func pluginResource(snap *Snapshot, e *proxyExtensions, p *wasmplugin.Plugin, name string, inbound bool) *Resource {
 	cfg, err := p.ConfigJSON()
 	if err == nil && p.Telemetry {
 		cfg, err = e.telemetry.apply(cfg, inbound, "extension config "+name)

@@ -45,7 +45,7 @@ type testProxy struct {
 
 // fixture is a case directory loaded into a snapshot.
 type fixture struct {
-	snap    *push.Snapshot
+	snap    *xds.Snapshot
 	configs []*config.Config
 	mesh    *meshconfig.MeshConfig
 	reg     *registry.ServiceEntries
@@ -94,7 +94,7 @@ func loadCase(t *testing.T, dir string) *fixture {
 		f.dump = append(f.dump, tp.Dump)
 		f.types = append(f.types, tp.Types)
 	}
-	f.snap = push.Build("test", m, config.NewIndex(cs), registry.NewAggregate(reg))
+	f.snap = xds.NewSnapshot(push.Build("test", m, config.NewIndex(cs), registry.NewAggregate(reg)))
 	return f
 }
 

@@ -185,9 +185,9 @@ func grpcRoutes(v *View, names []string) []*Resource {
 		if op == nil || !op.HTTP {
 			continue
 		}
-		out = append(out, v.Snapshot.Full.Get(routeKey{v.RouteKey(), name}, func() any {
+		out = append(out, v.Snapshot.full.routes.Get(routeKey{v.RouteKey(), name}, func() *Resource {
 			return NewResource(name, &route.RouteConfiguration{Name: name, VirtualHosts: virtualHosts(v, op, true)})
-		}).(*Resource))
+		}))
 	}
 	return out
 }
@@ -225,9 +225,9 @@ func grpcClusters(v *View, names []string) *Resources {
 				continue
 			}
 		}
-		items = append(items, v.Snapshot.Full.Get(push.HostKey{Host: host, Name: "grpc\x00" + name + "\x00" + drVariant(dr)}, func() any {
+		items = append(items, v.Snapshot.full.hostResources.Get(push.HostKey{Host: host, Name: "grpc\x00" + name + "\x00" + drVariant(dr)}, func() *Resource {
 			return NewResource(name, grpcCluster(name, policyFor(dr, sub, port)))
-		}).(*Resource))
+		}))
 	}
 	return NewResources(items)
 }

@@ -25,7 +25,7 @@ import (
 // generated is what a proxy receives from a snapshot, every type, by type and name.
 type generated map[string]*xds.Resource
 
-func generateAll(snap *push.Snapshot, p *model.Proxy) generated {
+func generateAll(snap *xds.Snapshot, p *model.Proxy) generated {
 	out := generated{}
 	for typ, rs := range xds.Dump(xds.CachedView(snap, p, xds.Shape(p))) {
 		for _, r := range rs.Items {
@@ -102,9 +102,9 @@ func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
 			}
 			f.reg.SetConfigs(list())
 			agg := registry.NewAggregate(f.reg)
-			snap := push.Build("v0", f.mesh, config.NewIndex(list()), agg)
+			snap := xds.NewSnapshot(push.Build("v0", f.mesh, config.NewIndex(list()), agg))
 			type moment struct {
-				snap *push.Snapshot
+				snap *xds.Snapshot
 				want []generated
 			}
 			var history []moment
@@ -147,7 +147,7 @@ func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
 				for i, p := range f.proxies {
 					// A snapshot of its own: what the chain shares between proxies must not
 					// leak from one to another either.
-					want := generateAll(push.Build("fresh", f.mesh, config.NewIndex(list()), agg), p)
+					want := generateAll(xds.NewSnapshot(push.Build("fresh", f.mesh, config.NewIndex(list()), agg)), p)
 					got := generateAll(snap, p)
 					require.Empty(t, differences(got, want), "step %d (%v), proxy %s", step, ev.Hosts, p.ID)
 					m.want = append(m.want, got)

@@ -106,7 +106,7 @@ type portsKey struct{ scope string }
 // imports; the catch-all listener takes every other port of its services. Cached per scope.
 func outboundPorts(v *View) []*outboundPort {
 	s := v.Scope
-	return v.Snapshot.Full.Get(portsKey{s.Key}, func() any {
+	return v.Snapshot.full.ports.Get(portsKey{s.Key}, func() []*outboundPort {
 		byPort := map[uint32]*outboundPort{}
 		claimed := map[uint32]bool{}
 		for _, e := range s.Egress {
@@ -152,7 +152,7 @@ func outboundPorts(v *View) []*outboundPort {
 		}
 		sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
 		return out
-	}).([]*outboundPort)
+	})
 }
 
 func findOutboundPort(v *View, port uint32) *outboundPort {
@@ -169,7 +169,7 @@ type redirectKey struct{ filters string }
 // redirectOutboundListeners depend on the proxy only through its scope and HTTP filters:
 // built once per such kind of proxy.
 func redirectOutboundListeners(v *View) []*Resource {
-	return v.Snapshot.Full.Get(redirectKey{v.FilterKey()}, func() any {
+	return v.Snapshot.full.redirect.Get(redirectKey{v.FilterKey()}, func() []*Resource {
 		var out []*Resource
 		for _, op := range outboundPorts(v) {
 			bind, bindToPort := "0.0.0.0", false
@@ -179,7 +179,7 @@ func redirectOutboundListeners(v *View) []*Resource {
 			out = append(out, NewResource(outboundListener(v, op, bind, bindToPort)))
 		}
 		return out
-	}).([]*Resource)
+	})
 }
 
 func outboundListener(v *View, op *outboundPort, bind string, bindToPort bool) (string, proto.Message) {

@@ -29,7 +29,7 @@ type patchedKey struct {
 // resource was removed. Unchanged results reuse r.
 func patchedResource(v *View, r *Resource, set, extra string, patch func(proto.Message) (proto.Message, []*envoyfilter.PatchError)) *Resource {
 	k := patchedKey{typeURL: r.Any.GetTypeUrl(), name: r.Name, hash: r.Hash, set: set, extra: extra}
-	return v.Snapshot.Full.Get(k, func() any {
+	return v.Snapshot.full.patched.Get(k, func() *Resource {
 		m, errs := patch(proto.Clone(r.Message))
 		reportOf(v.Snapshot).addPatchErrors(errs)
 		switch {
@@ -39,7 +39,7 @@ func patchedResource(v *View, r *Resource, set, extra string, patch func(proto.M
 			return r
 		}
 		return NewResource(r.Name, m)
-	}).(*Resource)
+	})
 }
 
 // patchListeners applies the proxy's listener and inline-route patches, then adds the
@@ -87,9 +87,9 @@ func appendAdded(v *View, out []*Resource, names map[string]bool, applyTo networ
 				continue
 			}
 			names[name] = true
-			out = append(out, v.Snapshot.Full.Get(patchedKey{typeURL: typeURL, name: name, set: a.Patch.String()}, func() any {
+			out = append(out, v.Snapshot.full.patched.Get(patchedKey{typeURL: typeURL, name: name, set: a.Patch.String()}, func() *Resource {
 				return NewResource(name, a.Value)
-			}).(*Resource))
+			}))
 		}
 	}
 	return out

@@ -9,7 +9,6 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Inbound is one port a proxy serves for the services that select it, or for an ingress
@@ -31,7 +30,7 @@ type Inbound struct {
 // View is a proxy as seen through one snapshot: what the generators need to know about it.
 type View struct {
 	Proxy    *model.Proxy
-	Snapshot *push.Snapshot
+	Snapshot *Snapshot
 	Inbounds []Inbound // sorted by port
 	// Scope is what the proxy can reach (its Sidecar, exportTo), shared by every proxy with
 	// the same scope key.
@@ -73,7 +72,7 @@ type viewKey struct{ shape string }
 // (Shape(p) == shape) within a snapshot and the endpoints-only snapshots built on it. The
 // shared part may have been computed through an earlier of those snapshots: the view
 // returned always reads snap (its endpoints), never that one.
-func CachedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
+func CachedView(snap *Snapshot, p *model.Proxy, shape string) *View {
 	shared := sharedView(snap, p, shape)
 	if shared.Proxy == p && shared.Snapshot == snap {
 		return shared
@@ -84,25 +83,25 @@ func CachedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
 }
 
 // CachedScope is the proxy's Scope, as CachedView's, without a view of its own.
-func CachedScope(snap *push.Snapshot, p *model.Proxy, shape string) *Scope {
+func CachedScope(snap *Snapshot, p *model.Proxy, shape string) *Scope {
 	return sharedView(snap, p, shape).Scope
 }
 
-func sharedView(snap *push.Snapshot, p *model.Proxy, shape string) *View {
+func sharedView(snap *Snapshot, p *model.Proxy, shape string) *View {
 	// EnvoyFilter proxy matches may read the proxy's version and metadata: those in use
 	// extend the shape (usually nothing).
 	key := viewKey{shape + proxyMatchKey(snap, p)}
-	v := snap.Full.Get(key, func() any { return NewView(snap, p) }).(*View)
+	v := snap.full.views.Get(key, func() *View { return NewView(snap, p) })
 	if v.perAddress {
 		// Views of this shape depend on the pod's address too.
 		key.shape += "|" + p.IP()
-		v = snap.Full.Get(key, func() any { return NewView(snap, p) }).(*View)
+		v = snap.full.views.Get(key, func() *View { return NewView(snap, p) })
 	}
 	return v
 }
 
 // NewView computes the proxy's inbound ports and cache key for a snapshot.
-func NewView(snap *push.Snapshot, p *model.Proxy) *View {
+func NewView(snap *Snapshot, p *model.Proxy) *View {
 	v := &View{Proxy: p, Snapshot: snap, Scope: scopeFor(snap, p)}
 	v.EDSKey = v.Scope.Key
 	if trafficOf(snap).localityMatters {
@@ -214,5 +213,5 @@ type cacheKey struct {
 
 // cached memoizes a per-view result in the snapshot's full cache.
 func (v *View) cached(typeURL string, build func() *Resources) *Resources {
-	return v.Snapshot.Full.Get(cacheKey{typeURL, v.Key}, func() any { return build() }).(*Resources)
+	return v.Snapshot.full.typeSets.Get(cacheKey{typeURL, v.Key}, build)
 }

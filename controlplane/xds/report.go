@@ -7,7 +7,6 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/envoyfilter"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Problem is configuration that could not be applied to a generated resource: an EnvoyFilter
@@ -39,15 +38,13 @@ type Report struct {
 	onNew    func(*Problem)
 }
 
-type reportKey struct{}
-
-func reportOf(snap *push.Snapshot) *Report {
-	return snap.Full.Get(reportKey{}, func() any { return &Report{problems: map[string]*Problem{}} }).(*Report)
+func reportOf(snap *Snapshot) *Report {
+	return snap.full.report.Get(func() *Report { return &Report{problems: map[string]*Problem{}} })
 }
 
 // ReportTo sets the function told about each problem the first time it is found in the
 // snapshot (for logs and metrics). Call it before the snapshot is used for generation.
-func ReportTo(snap *push.Snapshot, onNew func(*Problem)) {
+func ReportTo(snap *Snapshot, onNew func(*Problem)) {
 	r := reportOf(snap)
 	r.mu.Lock()
 	r.onNew = onNew
@@ -55,7 +52,7 @@ func ReportTo(snap *push.Snapshot, onNew func(*Problem)) {
 }
 
 // Problems returns the problems found so far in the snapshot, sorted.
-func Problems(snap *push.Snapshot) []*Problem {
+func Problems(snap *Snapshot) []*Problem {
 	r := reportOf(snap)
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -55,14 +55,14 @@ func routeResource(v *View, name string) *Resource {
 	}
 	// Routes depend on the proxy only through its scope (namespace, Sidecar, and labels when
 	// a VirtualService or DestinationRule selects by them).
-	return v.Snapshot.Full.Get(routeKey{v.RouteKey(), name}, func() any {
+	return v.Snapshot.full.routes.Get(routeKey{v.RouteKey(), name}, func() *Resource {
 		rc := &route.RouteConfiguration{
 			Name:             name,
 			ValidateClusters: wrapperspb.Bool(false),
 			VirtualHosts:     virtualHosts(v, op, false),
 		}
 		return NewResource(name, rc)
-	}).(*Resource)
+	})
 }
 
 // virtualHosts builds the virtual hosts of one listener port: a VirtualService's routes for
@@ -108,10 +108,10 @@ func virtualHosts(v *View, op *outboundPort, grpc bool) []*route.VirtualHost {
 		// the port and the service's DestinationRule: kept by host, it outlives changes of
 		// other services.
 		key := push.HostKey{Host: h, Name: fmt.Sprintf("vhost\x00%d\x00%s\x00%s\x00%t", op.Port, s.Namespace, drVariant(s.DestinationRule(h)), grpc)}
-		entries = append(entries, v.Snapshot.Full.Get(key, func() any {
+		entries = append(entries, v.Snapshot.full.vhosts.Get(key, func() vhostEntry {
 			return vhostEntry{name: h, domains: domainsFor(s.Service(h), s.Namespace, op.Port),
 				routes: []*route.Route{defaultHTTPRoute(v.Snapshot.Mesh, OutboundClusterName(op.Port, "", h), h, op.Port, rc.serviceHash(h), grpc)}}
-		}).(vhostEntry))
+		}))
 	}
 	sort.SliceStable(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
 	total := 0

@@ -10,7 +10,6 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // Scope is what one kind of proxy can reach, Istio's SidecarScope: the services and
@@ -89,15 +88,15 @@ func scopeKey(t *traffic, p *model.Proxy) string {
 }
 
 // scopeFor returns the shared scope of a proxy in the snapshot.
-func scopeFor(snap *push.Snapshot, p *model.Proxy) *Scope {
+func scopeFor(snap *Snapshot, p *model.Proxy) *Scope {
 	t := trafficOf(snap)
 	key := scopeKey(t, p)
-	return snap.Full.Get(scopeMemoKey{key}, func() any { return buildScope(snap, t, key, p) }).(*Scope)
+	return snap.full.scopes.Get(scopeMemoKey{key}, func() *Scope { return buildScope(snap, t, key, p) })
 }
 
 type scopeMemoKey struct{ key string }
 
-func buildScope(snap *push.Snapshot, t *traffic, key string, p *model.Proxy) *Scope {
+func buildScope(snap *Snapshot, t *traffic, key string, p *model.Proxy) *Scope {
 	s := &Scope{Key: key, Namespace: p.Namespace, traffic: t, byHost: map[string]*model.Service{}, drs: map[string]*destRule{}}
 	if t.labelsMatter {
 		s.labels = p.Labels
@@ -148,7 +147,7 @@ func buildScope(snap *push.Snapshot, t *traffic, key string, p *model.Proxy) *Sc
 	return s
 }
 
-func (s *Scope) buildEgress(snap *push.Snapshot, t *traffic, l *networking.IstioEgressListener) *egressListener {
+func (s *Scope) buildEgress(snap *Snapshot, t *traffic, l *networking.IstioEgressListener) *egressListener {
 	e := &egressListener{Port: l.GetPort(), Bind: l.GetBind(), CaptureNone: l.GetCaptureMode() == networking.CaptureMode_NONE,
 		byHost: map[string]*model.Service{}, vsByHost: map[string]*virtualService{}, vsOnlyHosts: map[*virtualService][]string{}}
 	for _, h := range l.GetHosts() {
@@ -238,7 +237,7 @@ func (s *Scope) buildEgress(snap *push.Snapshot, t *traffic, l *networking.Istio
 
 // candidates are the services the listener's hosts may import: the service an exact host
 // names, the services of the namespace a wildcard host names, every service for "*/*".
-func (e *egressListener) candidates(snap *push.Snapshot) []*model.Service {
+func (e *egressListener) candidates(snap *Snapshot) []*model.Service {
 	var out []*model.Service
 	var nss []string
 	for _, h := range e.hosts {
@@ -273,7 +272,7 @@ func destinationsOf(r *networking.HTTPRoute) []*networking.Destination {
 }
 
 // serviceVisible applies a service's exportTo (the mesh default when unset).
-func serviceVisible(snap *push.Snapshot, svc *model.Service, ns string) bool {
+func serviceVisible(snap *Snapshot, svc *model.Service, ns string) bool {
 	return newExportSet(svc.ExportTo, svc.Namespace, snap.Mesh.GetDefaultServiceExportTo()).visibleTo(ns)
 }
 
@@ -301,7 +300,7 @@ func (s *Scope) RoutesHost(host string) bool {
 // VirtualServices and the egress proxy are the scope's; the service, its namespace and
 // its exportTo are snap's. It answers what a scope built on snap would, without building
 // one: a push of services only asks it of every proxy shape.
-func (s *Scope) Reaches(snap *push.Snapshot, host string) bool {
+func (s *Scope) Reaches(snap *Snapshot, host string) bool {
 	if s.RoutesHost(host) {
 		return true
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/telemetryapi"
 	"github.com/wasmesh/wasmesh/controlplane/wasmplugin"
 )
@@ -27,20 +26,20 @@ import (
 // nil when no Telemetry applies.
 type telemetryOverlay struct {
 	o    *telemetryapi.Overlay
-	snap *push.Snapshot
+	snap *Snapshot
 }
 
 type telemetryKey struct{ ns, labels string }
 
-func telemetryFor(snap *push.Snapshot, p *model.Proxy) *telemetryOverlay {
+func telemetryFor(snap *Snapshot, p *model.Proxy) *telemetryOverlay {
 	k := telemetryKey{p.Namespace, model.SortedLabels(p.Labels)}
-	return snap.Full.Get(k, func() any {
+	return snap.full.telemetry.Get(k, func() *telemetryOverlay {
 		o := telemetryapi.Build(snap.Mesh, telemetryapi.Select(snap.Configs, rootNamespace(snap), p.Namespace, p.Labels))
 		if o == nil {
 			return (*telemetryOverlay)(nil)
 		}
 		return &telemetryOverlay{o: o, snap: snap}
-	}).(*telemetryOverlay)
+	})
 }
 
 // splits reports whether the configuration differs between inbound and outbound.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 )
 
 // ClusterDomain completes short host names in configs ("reviews" in namespace "shop" is
@@ -153,11 +152,11 @@ type traffic struct {
 	localityMatters bool
 }
 
-func trafficOf(snap *push.Snapshot) *traffic {
-	return snap.Full.Get("traffic", func() any { return buildTraffic(snap) }).(*traffic)
+func trafficOf(snap *Snapshot) *traffic {
+	return snap.full.traffic.Get(func() *traffic { return buildTraffic(snap) })
 }
 
-func buildTraffic(snap *push.Snapshot) *traffic {
+func buildTraffic(snap *Snapshot) *traffic {
 	t := &traffic{drByNS: map[string][]*destRule{}, drByHost: map[string][]*destRule{}, sidecars: map[string][]*config.Config{},
 		rootNS: snap.Mesh.GetRootNamespace()}
 	ix := snap.Configs
@@ -249,7 +248,7 @@ func buildTraffic(snap *push.Snapshot) *traffic {
 // reportUnknownDestinations names the VirtualService destinations that cannot work: a host
 // the registry does not have, or a subset no DestinationRule for the host defines. Envoy
 // answers such requests with 503 (no cluster), as with Istio; the report says why.
-func (t *traffic) reportUnknownDestinations(snap *push.Snapshot, report *Report) {
+func (t *traffic) reportUnknownDestinations(snap *Snapshot, report *Report) {
 	for _, vs := range t.vs {
 		for i, r := range vs.spec.GetHttp() {
 			for _, d := range destinationsOf(r) {

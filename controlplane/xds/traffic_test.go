@@ -64,7 +64,7 @@ func viewOf(t *testing.T, yaml string, md map[string]any) *xds.View {
 }
 
 // snapshotOf builds a snapshot from configs.
-func snapshotOf(t *testing.T, yaml string) *push.Snapshot {
+func snapshotOf(t *testing.T, yaml string) *xds.Snapshot {
 	t.Helper()
 	var cs []*config.Config
 	for _, d := range config.ParseFile("test.yaml", []byte(yaml)) {
@@ -73,12 +73,12 @@ func snapshotOf(t *testing.T, yaml string) *push.Snapshot {
 	}
 	reg := registry.NewServiceEntries(slog.New(slog.NewTextHandler(io.Discard, nil)), metrics.New(prometheus.NewRegistry()))
 	reg.SetConfigs(cs)
-	return push.Build("test", mesh.Default(), config.NewIndex(cs), registry.NewAggregate(reg))
+	return xds.NewSnapshot(push.Build("test", mesh.Default(), config.NewIndex(cs), registry.NewAggregate(reg)))
 }
 
 // viewIn is a proxy's view of snap: a sidecar in namespace shop labelled app=client
 // unless md says otherwise.
-func viewIn(t *testing.T, snap *push.Snapshot, md map[string]any) *xds.View {
+func viewIn(t *testing.T, snap *xds.Snapshot, md map[string]any) *xds.View {
 	t.Helper()
 	if md == nil {
 		md = map[string]any{"NAMESPACE": "shop", "LABELS": map[string]any{"app": "client"}}

@@ -46,7 +46,7 @@ func TestProxiesSharingAViewKeyGetWhatTheyWouldAlone(t *testing.T) {
 				all = append(all, variants(p)...)
 			}
 			for _, p := range all {
-				fresh := push.Build("fresh", f.mesh, config.NewIndex(f.configs), registry.NewAggregate(f.reg))
+				fresh := xds.NewSnapshot(push.Build("fresh", f.mesh, config.NewIndex(f.configs), registry.NewAggregate(f.reg)))
 				assert.Empty(t, differences(generateAll(f.snap, p), generateAll(fresh, p)), "proxy %s (locality %v, localhost %s)", p.ID, p.Locality, p.Localhost)
 			}
 		})
