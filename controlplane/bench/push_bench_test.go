@@ -321,9 +321,31 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 			return start, last
 		})
 	})
-	if !scoped {
-		return
+	if scoped {
+		r := &scopedRun{d: d, dir: dir, loader: loader, bytes: bytes, op: op, memPerProxy: memPerProxy, debounce: debounce,
+			next: next, seq: seq, report: report}
+		r.changes(b)
 	}
+}
+
+// scopedRun is a Sidecar-scoped run of benchWasmesh, for its changes outside most scopes.
+type scopedRun struct {
+	d           *discovery.Discovery
+	dir         string
+	loader      *Loader
+	bytes       *ByteCounter
+	op          *operator
+	memPerProxy float64
+	debounce    time.Duration
+	next, seq   int
+	report      func(*testing.B)
+}
+
+// changes measures what a change costs before any proxy is pushed, and changes that only a
+// few scopes see.
+func (r *scopedRun) changes(b *testing.B) {
+	d, dir, loader, bytes, op, memPerProxy, debounce, report := r.d, r.dir, r.loader, r.bytes, r.op, r.memPerProxy, r.debounce, r.report
+	next, seq := &r.next, &r.seq
 	// What a change costs before any proxy is pushed: an idle debounce period, and an
 	// endpoint change of a service no proxy imports (registry, debounce, snapshot, and
 	// finding that no connection is concerned). The new service also makes the next changes
@@ -340,10 +362,10 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	})
 	b.Run("change=endpoints-of-no-scope", func(b *testing.B) {
 		measure(b, loader, bytes, op, memPerProxy, 0, func(int) (time.Time, time.Time) {
-			seq++
+			*seq++
 			start := time.Now()
-			d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: fmt.Sprintf("ghost-%d", seq),
-				Namespace: "unimported", Labels: map[string]string{"app": "ghost"}, IPs: []string{fmt.Sprintf("10.201.%d.%d", seq/256%256, seq%256)}}}})
+			d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: fmt.Sprintf("ghost-%d", *seq),
+				Namespace: "unimported", Labels: map[string]string{"app": "ghost"}, IPs: []string{fmt.Sprintf("10.201.%d.%d", *seq/256%256, *seq%256)}}}})
 			time.Sleep(period)
 			return start, time.Now()
 		})
@@ -352,10 +374,10 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	// registry, snapshot and finding that no connection is concerned.
 	b.Run("change=full-of-no-scope", func(b *testing.B) {
 		measure(b, loader, bytes, op, memPerProxy, 0, func(int) (time.Time, time.Time) {
-			name := fmt.Sprintf("ghost-%d", next)
-			next++
+			name := fmt.Sprintf("ghost-%d", *next)
+			*next++
 			start := time.Now()
-			op.write(b, filepath.Join(dir, name+".yaml"), ServiceEntryIn("unimported", name)+"---\n"+workloadEntryIn("unimported", name, IP(next)))
+			op.write(b, filepath.Join(dir, name+".yaml"), ServiceEntryIn("unimported", name)+"---\n"+workloadEntryIn("unimported", name, IP(*next)))
 			host := name + ".unimported.svc.cluster.local"
 			for d.Pusher.Snapshot().Service(host) == nil {
 				require.Less(b, time.Since(start), 10*time.Second, "%s never reached a snapshot", host)
@@ -372,10 +394,10 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 		defer report(b)
 		watchers, ns := 0, ClientNamespace(0)
 		measure(b, loader, bytes, op, memPerProxy, debounce, func(int) (time.Time, time.Time) {
-			name := fmt.Sprintf("local-%d", next)
-			next++
+			name := fmt.Sprintf("local-%d", *next)
+			*next++
 			start := time.Now()
-			op.write(b, filepath.Join(dir, name+".yaml"), ServiceEntryIn(ns, name)+"---\n"+workloadEntryIn(ns, name, IP(next)))
+			op.write(b, filepath.Join(dir, name+".yaml"), ServiceEntryIn(ns, name)+"---\n"+workloadEntryIn(ns, name, IP(*next)))
 			last, n, err := loader.WaitCount(fmt.Sprintf("cluster %s %s", ClusterNameIn(ns, name), ns))
 			require.NoError(b, err)
 			require.Positive(b, n, "no proxy in %s", ns)
@@ -391,10 +413,10 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 		defer report(b)
 		watchers := 0
 		measure(b, loader, bytes, op, memPerProxy, debounce, func(int) (time.Time, time.Time) {
-			seq++
-			ip := fmt.Sprintf("10.200.%d.%d", seq/256%256, seq%256)
+			*seq++
+			ip := fmt.Sprintf("10.200.%d.%d", *seq/256%256, *seq%256)
 			start := time.Now()
-			d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: fmt.Sprintf("auto-%d", seq), Namespace: "load", Labels: map[string]string{"app": "svc-0"}, IPs: []string{ip}}}})
+			d.State.Workloads(registry.ProxiesSource, source.WorkloadEvent{Updated: []*model.Workload{{Name: fmt.Sprintf("auto-%d", *seq), Namespace: "load", Labels: map[string]string{"app": "svc-0"}, IPs: []string{ip}}}})
 			last, n, err := loader.WaitCount(fmt.Sprintf("endpoint-watchers %s %s", ClusterName(0), ip))
 			require.NoError(b, err)
 			require.Positive(b, n, "no proxy watches %s", ClusterName(0))

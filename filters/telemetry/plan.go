@@ -123,78 +123,28 @@ func loadPlan(data []byte, node nodeReader) (*plan, error) {
 // metrics get the standard labels), then the metric overrides in order, each removing
 // tags before adding dimensions.
 func buildPlan(cfg config, node nodeReader) (*plan, error) {
-	pl := &plan{
-		reporter:      cfg.Reporter,
-		useHostHeader: !cfg.DisableHostHeaderFallback,
-		maxLabelSets:  cfg.MaxLabelSetsPerMetric,
-		maxPeerCache:  cfg.MaxPeerCacheSize,
+	b := &planBuilder{
+		pl: &plan{
+			reporter:      cfg.Reporter,
+			useHostHeader: !cfg.DisableHostHeaderFallback,
+			maxLabelSets:  cfg.MaxLabelSetsPerMetric,
+			maxPeerCache:  cfg.MaxPeerCacheSize,
+		},
+		node:  node,
+		slots: map[string]int{},
+		factories: []*factory{
+			newFactory("requests_total", kindCounter, valueOne),
+			newFactory("request_duration_milliseconds", kindHistogram, valueDurationMs),
+			newFactory("request_bytes", kindHistogram, valueRequestBytes),
+			newFactory("response_bytes", kindHistogram, valueResponseBytes),
+		},
+		dimIndex: map[string]int{},
 	}
-	slots := map[string]int{}
-	resolve := func(path []string) (int, valType, error) {
-		a, err := lookupAttribute(path, node)
-		if err != nil {
-			return 0, 0, err
-		}
-		if s, ok := slots[a.name]; ok {
-			return s, a.typ, nil
-		}
-		s := len(pl.attrs)
-		slots[a.name] = s
-		pl.attrs = append(pl.attrs, a)
-		return s, a.typ, nil
-	}
-
-	factories := []*factory{
-		newFactory("requests_total", kindCounter, valueOne),
-		newFactory("request_duration_milliseconds", kindHistogram, valueDurationMs),
-		newFactory("request_bytes", kindHistogram, valueRequestBytes),
-		newFactory("response_bytes", kindHistogram, valueResponseBytes),
-	}
-	byName := func(name string) *factory {
-		for _, f := range factories {
-			if f.name == name {
-				return f
-			}
-		}
-		return nil
-	}
-
 	for i, d := range cfg.Definitions {
-		where := fmt.Sprintf("definitions[%d]", i)
-		if d.Name != "" {
-			where += fmt.Sprintf(" (%s)", d.Name)
+		if err := b.define(i, d); err != nil {
+			return nil, err
 		}
-		if !isIdentifier(d.Name) {
-			return nil, fmt.Errorf("%s: name %q must be letters, digits and underscores", where, d.Name)
-		}
-		var kind metricKind
-		switch d.Type {
-		case "", "COUNTER": // Istio's default
-		case "GAUGE":
-			kind = kindGauge
-		case "HISTOGRAM":
-			kind = kindHistogram
-		default:
-			return nil, fmt.Errorf("%s: type %q must be COUNTER, GAUGE or HISTOGRAM", where, d.Type)
-		}
-		if strings.TrimSpace(d.Value) == "" {
-			return nil, fmt.Errorf("%s: value expression is empty", where)
-		}
-		e, err := compileExpr(d.Value, resolve)
-		if err != nil {
-			return nil, fmt.Errorf("%s: value expression %q: %w", where, d.Value, err)
-		}
-		if e.typ() != typeInt {
-			return nil, fmt.Errorf("%s: value expression %q is a %s, a metric value must be an int", where, d.Value, e.typ())
-		}
-		f := byName(d.Name)
-		if f == nil {
-			f = newFactory(d.Name, kind, valueExpr)
-			factories = append(factories, f)
-		}
-		f.kind, f.value, f.valueSrc, f.valueExpr = kind, valueExpr, d.Value, e
 	}
-
 	// A tag name anywhere in the configuration, to tell a typo in tags_to_remove from a
 	// tag that some other override adds.
 	knownTags := map[string]bool{}
@@ -206,75 +156,169 @@ func buildPlan(cfg config, node nodeReader) (*plan, error) {
 			knownTags[t] = true
 		}
 	}
-
-	dimIndex := map[string]int{}
 	for i, m := range cfg.Metrics {
-		where := fmt.Sprintf("metrics[%d]", i)
-		if m.Name != "" {
-			where += fmt.Sprintf(" (%s)", m.Name)
-			if byName(m.Name) == nil {
-				names := make([]string, len(factories))
-				for j, f := range factories {
-					names[j] = f.name
-				}
-				return nil, fmt.Errorf("%s: unknown metric %q (metrics are %s)", where, m.Name, strings.Join(names, ", "))
-			}
-		}
-		for _, t := range m.TagsToRemove {
-			if !knownTags[t] {
-				return nil, fmt.Errorf("%s: tags_to_remove: unknown tag %q", where, t)
-			}
-		}
-		// Sorted, as Istio sorts them, so new tags land in a deterministic order.
-		dims := make([]string, 0, len(m.Dimensions))
-		for t := range m.Dimensions {
-			dims = append(dims, t)
-		}
-		sort.Strings(dims)
-		dimValue := make(map[string]int, len(dims))
-		for _, t := range dims {
-			if !isIdentifier(t) {
-				return nil, fmt.Errorf("%s: dimension name %q must be letters, digits and underscores", where, t)
-			}
-			src := m.Dimensions[t]
-			idx, ok := dimIndex[src]
-			if !ok {
-				if strings.TrimSpace(src) == "" {
-					return nil, fmt.Errorf("%s: dimension %q: expression is empty", where, t)
-				}
-				e, err := compileExpr(src, resolve)
-				if err != nil {
-					return nil, fmt.Errorf("%s: dimension %q: expression %q: %w", where, t, src, err)
-				}
-				idx = len(pl.dims)
-				dimIndex[src] = idx
-				pl.dims = append(pl.dims, dimension{src: src, expr: e})
-			}
-			dimValue[t] = numStandardLabels + idx
-		}
-		for _, f := range factories {
-			if m.Name != "" && m.Name != f.name {
-				continue
-			}
-			for _, t := range m.TagsToRemove {
-				if _, ok := f.index[t]; ok {
-					f.index[t] = -1
-				}
-			}
-			for _, t := range dims {
-				if _, ok := f.index[t]; !ok {
-					f.tags = append(f.tags, t)
-				}
-				f.index[t] = dimValue[t]
-			}
-			if m.Drop {
-				f.dropped = true
-			}
+		if err := b.override(i, m, knownTags); err != nil {
+			return nil, err
 		}
 	}
+	b.metricPlans(cfg.StatPrefix)
+	b.headerSlots()
+	return b.pl, nil
+}
 
+// planBuilder is buildPlan's work in progress.
+type planBuilder struct {
+	pl        *plan
+	node      nodeReader
+	slots     map[string]int // attribute slots by name
+	factories []*factory
+	dimIndex  map[string]int // dimensions by expression source
+}
+
+// resolve gives an attribute path its slot (one per attribute, shared by expressions).
+func (b *planBuilder) resolve(path []string) (int, valType, error) {
+	a, err := lookupAttribute(path, b.node)
+	if err != nil {
+		return 0, 0, err
+	}
+	if s, ok := b.slots[a.name]; ok {
+		return s, a.typ, nil
+	}
+	s := len(b.pl.attrs)
+	b.slots[a.name] = s
+	b.pl.attrs = append(b.pl.attrs, a)
+	return s, a.typ, nil
+}
+
+func (b *planBuilder) byName(name string) *factory {
+	for _, f := range b.factories {
+		if f.name == name {
+			return f
+		}
+	}
+	return nil
+}
+
+// define applies definitions[i]: a new metric, or a new type and value for a standard one.
+func (b *planBuilder) define(i int, d metricDefinition) error {
+	where := fmt.Sprintf("definitions[%d]", i)
+	if d.Name != "" {
+		where += fmt.Sprintf(" (%s)", d.Name)
+	}
+	if !isIdentifier(d.Name) {
+		return fmt.Errorf("%s: name %q must be letters, digits and underscores", where, d.Name)
+	}
+	var kind metricKind
+	switch d.Type {
+	case "", "COUNTER": // Istio's default
+	case "GAUGE":
+		kind = kindGauge
+	case "HISTOGRAM":
+		kind = kindHistogram
+	default:
+		return fmt.Errorf("%s: type %q must be COUNTER, GAUGE or HISTOGRAM", where, d.Type)
+	}
+	if strings.TrimSpace(d.Value) == "" {
+		return fmt.Errorf("%s: value expression is empty", where)
+	}
+	e, err := compileExpr(d.Value, b.resolve)
+	if err != nil {
+		return fmt.Errorf("%s: value expression %q: %w", where, d.Value, err)
+	}
+	if e.typ() != typeInt {
+		return fmt.Errorf("%s: value expression %q is a %s, a metric value must be an int", where, d.Value, e.typ())
+	}
+	f := b.byName(d.Name)
+	if f == nil {
+		f = newFactory(d.Name, kind, valueExpr)
+		b.factories = append(b.factories, f)
+	}
+	f.kind, f.value, f.valueSrc, f.valueExpr = kind, valueExpr, d.Value, e
+	return nil
+}
+
+// override applies metrics[i] to the metric it names (every metric when none): tags
+// removed, then dimensions added (sorted, as Istio sorts them), or the metric dropped.
+func (b *planBuilder) override(i int, m metricConfig, knownTags map[string]bool) error {
+	where := fmt.Sprintf("metrics[%d]", i)
+	if m.Name != "" {
+		where += fmt.Sprintf(" (%s)", m.Name)
+		if b.byName(m.Name) == nil {
+			names := make([]string, len(b.factories))
+			for j, f := range b.factories {
+				names[j] = f.name
+			}
+			return fmt.Errorf("%s: unknown metric %q (metrics are %s)", where, m.Name, strings.Join(names, ", "))
+		}
+	}
+	for _, t := range m.TagsToRemove {
+		if !knownTags[t] {
+			return fmt.Errorf("%s: tags_to_remove: unknown tag %q", where, t)
+		}
+	}
+	dims := make([]string, 0, len(m.Dimensions))
+	for t := range m.Dimensions {
+		dims = append(dims, t)
+	}
+	sort.Strings(dims)
+	dimValue := make(map[string]int, len(dims))
+	for _, t := range dims {
+		idx, err := b.dimension(where, t, m.Dimensions[t])
+		if err != nil {
+			return err
+		}
+		dimValue[t] = numStandardLabels + idx
+	}
+	for _, f := range b.factories {
+		if m.Name != "" && m.Name != f.name {
+			continue
+		}
+		for _, t := range m.TagsToRemove {
+			if _, ok := f.index[t]; ok {
+				f.index[t] = -1
+			}
+		}
+		for _, t := range dims {
+			if _, ok := f.index[t]; !ok {
+				f.tags = append(f.tags, t)
+			}
+			f.index[t] = dimValue[t]
+		}
+		if m.Drop {
+			f.dropped = true
+		}
+	}
+	return nil
+}
+
+// dimension returns the index of the dimension whose expression is src, compiling it the
+// first time.
+func (b *planBuilder) dimension(where, tag, src string) (int, error) {
+	if !isIdentifier(tag) {
+		return 0, fmt.Errorf("%s: dimension name %q must be letters, digits and underscores", where, tag)
+	}
+	if idx, ok := b.dimIndex[src]; ok {
+		return idx, nil
+	}
+	if strings.TrimSpace(src) == "" {
+		return 0, fmt.Errorf("%s: dimension %q: expression is empty", where, tag)
+	}
+	e, err := compileExpr(src, b.resolve)
+	if err != nil {
+		return 0, fmt.Errorf("%s: dimension %q: expression %q: %w", where, tag, src, err)
+	}
+	idx := len(b.pl.dims)
+	b.dimIndex[src] = idx
+	b.pl.dims = append(b.pl.dims, dimension{src: src, expr: e})
+	return idx, nil
+}
+
+// metricPlans turns the metrics left (not dropped) into the plan's metrics, grouping those
+// that share a tag list.
+func (b *planBuilder) metricPlans(statPrefix string) {
+	pl := b.pl
 	groupOf := map[string]int{}
-	for _, f := range factories {
+	for _, f := range b.factories {
 		if f.dropped {
 			continue
 		}
@@ -282,8 +326,8 @@ func buildPlan(cfg config, node nodeReader) (*plan, error) {
 			name: f.name, fullName: f.name, kind: f.kind,
 			value: f.value, valueSrc: f.valueSrc, valueExpr: f.valueExpr,
 		}
-		if cfg.StatPrefix != "" {
-			mp.fullName = cfg.StatPrefix + "_" + f.name
+		if statPrefix != "" {
+			mp.fullName = statPrefix + "_" + f.name
 		}
 		var sig strings.Builder
 		for _, t := range f.tags {
@@ -315,7 +359,11 @@ func buildPlan(cfg config, node nodeReader) (*plan, error) {
 		pl.groups[g] = append(pl.groups[g], len(pl.metrics))
 		pl.metrics = append(pl.metrics, mp)
 	}
+}
 
+// headerSlots lists the attribute slots read from headers and trailers.
+func (b *planBuilder) headerSlots() {
+	pl := b.pl
 	for s, a := range pl.attrs {
 		switch a.src {
 		case srcRequestHeader:
@@ -326,7 +374,6 @@ func buildPlan(cfg config, node nodeReader) (*plan, error) {
 			pl.responseTrailerSlots = append(pl.responseTrailerSlots, s)
 		}
 	}
-	return pl, nil
 }
 
 // describe renders the plan for golden tests and debug logs: the metrics with their
