@@ -70,6 +70,7 @@ func TestWasmBodies(t *testing.T) {
               config:
                 name: kitchen
                 root_id: kitchen
+                allow_on_headers_stop_iteration: true
                 configuration: {"@type": type.googleapis.com/google.protobuf.StringValue, value: ""}
                 vm_config:
                   vm_id: kitchen

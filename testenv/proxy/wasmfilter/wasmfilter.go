@@ -163,12 +163,9 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 	if pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN {
 		failOpen = true
 	}
-	// meshproxy has always let a header callback's StopIteration stop the headers alone;
-	// Envoy does so only with allow_on_headers_stop_iteration, which is honoured when set.
-	allowStopIteration := true
-	if a := pc.GetAllowOnHeadersStopIteration(); a != nil {
-		allowStopIteration = a.GetValue()
-	}
+	// As Envoy: a header callback's StopIteration stops what follows too, unless
+	// allow_on_headers_stop_iteration lets it stop the headers alone.
+	allowStopIteration := pc.GetAllowOnHeadersStopIteration().GetValue()
 	pluginName := pc.GetName()
 	if pluginName == "" {
 		pluginName = name
