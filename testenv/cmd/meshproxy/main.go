@@ -36,6 +36,7 @@ func newCommand() *cobra.Command {
 			o.DrainTime = time.Duration(drainS) * time.Second
 			o.ParentShutdownTime = time.Duration(parentS) * time.Second
 			o.Stdout, o.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			o.Test = server.TestHooksFromEnv()
 			switch o.Mode {
 			case "validate":
 				if err := server.Validate(o); err != nil {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/logging"
 	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
@@ -95,6 +97,22 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) {
 		_ = s.srv.Close()
 	}()
 	_ = s.srv.Serve(lis)
+}
+
+// RecordPosts writes the path and query of every POST to w, one a line, before serving
+// it: meshproxy's test hook WASMESH_TEST_ADMIN_POSTS (server/testhooks.go). Call it
+// before Serve.
+func (s *Server) RecordPosts(w io.Writer) {
+	var mu sync.Mutex
+	next := s.srv.Handler
+	s.srv.Handler = http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			mu.Lock()
+			_, _ = io.WriteString(w, r.URL.RequestURI()+"\n")
+			mu.Unlock()
+		}
+		next.ServeHTTP(rw, r)
+	})
 }
 
 // Close stops serving (the hot-restart parent hands its admin socket over).

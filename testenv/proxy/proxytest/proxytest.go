@@ -97,6 +97,9 @@ type Options struct {
 	Dir string
 	// NoWait skips waiting for LIVE.
 	NoWait bool
+	// Env is added to the test's environment for the proxy (test hooks, see
+	// server/testhooks.go).
+	Env []string
 }
 
 // Start starts a proxy and stops it when the test ends.
@@ -113,6 +116,9 @@ func Start(tb testing.TB, o Options) *Proxy {
 		"--parent-shutdown-time-s", "2", "--concurrency", "2", "-l", "info"}, o.Args...)
 	p := &Proxy{tb: tb, Dir: dir, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(Binary(tb), args...)
+	if len(o.Env) > 0 {
+		p.cmd.Env = append(os.Environ(), o.Env...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	require.NoError(tb, p.cmd.Start())
 	go func() {

@@ -57,6 +57,8 @@ type Options struct {
 	AdminAddressPath      string
 	// Stdout receives access logs written to /dev/stdout; Stderr the proxy's logs.
 	Stdout, Stderr io.Writer
+	// Test are the test hooks (testhooks.go), from the environment; empty in production.
+	Test TestHooks
 }
 
 // Server states, as Envoy names them.
@@ -221,6 +223,10 @@ func New(parent context.Context, o Options, exts ...Extension) (*Server, error) 
 	s.registry.Register(router.TypeURL, router.Factory)
 	s.clusters = upstream.NewManager(ctx, s.store, loggers.For("upstream"))
 	s.serverStats()
+	if err := s.applyTestHooks(); err != nil {
+		cancel()
+		return nil, err
+	}
 	for _, e := range exts {
 		if err := e(s); err != nil {
 			cancel()
@@ -374,6 +380,9 @@ func (s *Server) startAdmin() error {
 	}
 	s.adminLis = lis
 	s.admin = admin.New(s, s.store, s.loggers)
+	if err := s.recordAdminPosts(); err != nil {
+		return err
+	}
 	go s.admin.Serve(s.ctx, lis)
 	s.log.Info("admin address", "address", lis.Addr().String())
 	if p := s.opts.AdminAddressPath; p != "" {
