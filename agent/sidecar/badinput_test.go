@@ -69,7 +69,7 @@ func TestBadInputFailsAtStartNamingIt(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			o, _, _ := options(t, pod{})
+			o, _ := options(t, pod{})
 			c.mutate(&o)
 			_, err := sidecar.New(o)
 			require.Error(t, err)
@@ -96,7 +96,7 @@ func TestDefaultDiscoveryAddressFollowsWhereTheAgentRuns(t *testing.T) {
 		{"in a pod", "KUBERNETES_SERVICE_HOST=10.96.0.1", "istiod.istio-system.svc", 15010},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			o, _, _ := options(t, pod{env: []string{"PROXY_CONFIG={}"}})
+			o, _ := options(t, pod{env: []string{"PROXY_CONFIG={}"}})
 			if c.env != "" {
 				o.Env = append(o.Env, c.env)
 			}
@@ -107,7 +107,7 @@ func TestDefaultDiscoveryAddressFollowsWhereTheAgentRuns(t *testing.T) {
 		})
 	}
 	// An address given in ProxyConfig is kept wherever the agent runs, the default's too.
-	o, _, _ := options(t, pod{env: []string{`PROXY_CONFIG={"discoveryAddress":"istiod.istio-system.svc:15010"}`}})
+	o, _ := options(t, pod{env: []string{`PROXY_CONFIG={"discoveryAddress":"istiod.istio-system.svc:15010"}`}})
 	a, err := sidecar.New(o)
 	require.NoError(t, err)
 	assert.Equal(t, "istiod.istio-system.svc", a.Params().DiscoveryHost)

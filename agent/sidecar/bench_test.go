@@ -2,12 +2,14 @@ package sidecar_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -27,9 +29,9 @@ func quiet(o *sidecar.Options) {
 // started) until the pod's /healthz/ready answers 200, beside the baseline of starting
 // the proxy process alone until its admin /ready says LIVE.
 func BenchmarkStartToReady(b *testing.B) {
-	o, ip, dir := options(b, pod{env: []string{`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010","terminationDrainDuration":"0s"}`}})
+	o, r := options(b, pod{proxyConfig: `"terminationDrainDuration":"0s"`, configured: true})
 	quiet(&o)
-	o.ProxyEnv = append(o.ProxyEnv, "TESTPROXY_CONFIG_ON_START=1")
+	ip := r.ip
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	readyURL := "http://" + ip + ":15020/healthz/ready"
 	until200 := func(url string) {
@@ -45,14 +47,13 @@ func BenchmarkStartToReady(b *testing.B) {
 	}
 
 	// Baseline: the proxy alone, with a bootstrap the agent wrote.
-	boot, err := proxytest.Bootstrap(ip)()
+	boot, err := proxytest.Bootstrap(ip, r.discovery.Addr())()
 	require.NoError(b, err)
-	bootFile := filepath.Join(dir, "baseline.json")
+	bootFile := filepath.Join(r.dir, "baseline.json")
 	require.NoError(b, os.WriteFile(bootFile, boot, 0o644))
 	var proxyAlone time.Duration
 	for range 5 {
-		cmd := exec.Command(proxyBinary, "-c", bootFile, "--restart-epoch", "0")
-		cmd.Env = append(os.Environ(), "TESTPROXY_CONFIG_ON_START=1")
+		cmd := exec.Command(proxyBinary, "-c", bootFile, "--restart-epoch", "0", "--base-id", strconv.FormatUint(proxytest.BaseID(), 10))
 		start := time.Now()
 		require.NoError(b, cmd.Start())
 		until200("http://" + ip + ":15000/ready")
@@ -87,9 +88,14 @@ func BenchmarkStartToReady(b *testing.B) {
 // BenchmarkMergedScrape fetches the agent's merged /stats/prometheus from a proxy
 // exposing 10,000 series, beside the baseline of fetching the proxy's page alone.
 func BenchmarkMergedScrape(b *testing.B) {
-	o, ip, _ := options(b, pod{env: []string{`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010","terminationDrainDuration":"0s"}`}})
+	o, r := options(b, pod{proxyConfig: `"terminationDrainDuration":"0s"`, configured: true})
 	quiet(&o)
-	o.ProxyEnv = append(o.ProxyEnv, "TESTPROXY_CONFIG_ON_START=1", "TESTPROXY_SERIES=10000")
+	ip := r.ip
+	series := make([]string, 10000)
+	for i := range series {
+		series[i] = fmt.Sprintf("reporter=.=destination;.;source_workload=.=w%d;.;response_code=.=200;.;istio_requests_total %d", i, i+1)
+	}
+	o.ProxyEnv = append(o.ProxyEnv, proxytest.WasmCounters(b, r.dir, series))
 	a, err := sidecar.New(o)
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -3,8 +3,10 @@ package sidecar_test
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"strings"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -38,43 +40,66 @@ func request(url string) <-chan result {
 	return ch
 }
 
-// closes sends one request that asks for keep-alive on a new connection and reports
+// drainCloses sends one request that asks for keep-alive on a new connection and reports
 // whether the response said Connection: close.
-func closes(t *testing.T, url string) bool {
-	t.Helper()
+func drainCloses(url string) (bool, error) {
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: tr}).Get(url)
-	require.NoError(t, err)
+	if err != nil {
+		return false, err
+	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	return resp.Close
-}
-
-// adminPosts lists the admin POSTs the test proxy received (its /testproxy/admin_posts),
-// none while the proxy does not answer.
-func (r *running) adminPosts() []string {
-	code, body := r.getFrom(r.agent.Admin().Address(), "/testproxy/admin_posts")
-	if code != http.StatusOK {
-		return nil
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("%s: HTTP %d", url, resp.StatusCode)
 	}
-	return strings.Fields(body)
+	return resp.Close, nil
 }
 
-// configured starts a pod whose proxy has an inbound (8080) and an outbound (9080) listener.
-func configured(t *testing.T, env ...string) *running {
-	r := start(t, pod{env: env})
+// closes is drainCloses for a request that must succeed.
+func closes(t *testing.T, url string) bool {
+	t.Helper()
+	c, err := drainCloses(url)
+	require.NoError(t, err)
+	return c
+}
+
+// slowApp is the pod's application: it answers 200, after ?ms=<n> milliseconds on /slow.
+func slowApp(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ms, err := strconv.Atoi(r.URL.Query().Get("ms")); err == nil && r.URL.Path == "/slow" {
+			select {
+			case <-time.After(time.Duration(ms) * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		fmt.Fprintln(w, "ok")
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return l.Addr().String()
+}
+
+// configured starts a pod whose proxy gets an inbound (18080) and an outbound (19080)
+// listener routing to the pod's application, and records the admin POSTs it receives
+// (meshproxy's test hook) in the file it returns.
+func configured(t *testing.T, proxyConfig string, env ...string) (*running, string) {
+	posts := filepath.Join(t.TempDir(), "admin-posts")
+	r := start(t, pod{env: env, proxyConfig: proxyConfig, proxyEnv: []string{proxytest.EnvAdminPosts + "=" + posts}})
 	require.Eventually(t, r.readyIs(503, "INITIALIZING"), 10*time.Second, 20*time.Millisecond, "the proxy waits for config")
-	r.adminPost(t, "/testproxy/xds", fmt.Sprintf(`{"inbound":["%s:18080"],"outbound":["%s:19080"]}`, r.ip, r.ip))
+	r.discovery.Configure(proxytest.Config{Inbound: []string{r.ip + ":18080"}, Outbound: []string{r.ip + ":19080"},
+		Upstream: slowApp(t)})
 	require.Eventually(t, r.readyIs(200, ""), 5*time.Second, 20*time.Millisecond)
-	return r
+	return r, posts
 }
 
 func TestDrainFixedDuration(t *testing.T) {
-	proxytest.RequireKnobs(t)
 	const drain = 800 * time.Millisecond
-	r := configured(t, `PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010","terminationDrainDuration":"0.8s"}`)
+	r, postsFile := configured(t, `"terminationDrainDuration":"0.8s"`)
 
 	inbound, outbound := fmt.Sprintf("http://%s:18080/", r.ip), fmt.Sprintf("http://%s:19080/", r.ip)
 	require.False(t, closes(t, inbound), "no Connection: close before SIGTERM")
@@ -88,11 +113,17 @@ func TestDrainFixedDuration(t *testing.T) {
 
 	require.Eventually(t, r.readyIs(503, "draining"), 5*time.Second, 5*time.Millisecond)
 	var posts []string
-	require.Eventually(t, func() bool { posts = r.adminPosts(); return len(posts) > 0 }, 5*time.Second, 5*time.Millisecond,
-		"the agent asks the proxy to drain")
+	require.Eventually(t, func() bool {
+		p, err := proxytest.AdminPosts(postsFile)
+		posts = p
+		return err == nil && len(p) > 0
+	}, 5*time.Second, 5*time.Millisecond, "the agent asks the proxy to drain")
 	assert.Equal(t, []string{"/drain_listeners?inboundonly&graceful"}, posts,
 		"inbound listeners only, gracefully (Istio's call), and nothing else before the drain time")
-	assert.True(t, closes(t, inbound), "a new inbound connection is told to close while the proxy drains")
+	// The proxy drains gradually (Envoy's default strategy, which the agent's command
+	// line leaves in force): ever more new inbound connections are told to close.
+	assert.Eventually(t, func() bool { c, err := drainCloses(inbound); return err == nil && c }, drain, 5*time.Millisecond,
+		"a new inbound connection is told to close while the proxy drains")
 	assert.False(t, closes(t, outbound), "outbound listeners are not drained")
 	out := <-request(outbound)
 	require.NoError(t, out.err)
@@ -106,14 +137,17 @@ func TestDrainFixedDuration(t *testing.T) {
 	took := r.stopped.Sub(sigterm)
 	assert.GreaterOrEqual(t, took, drain, "the agent waits terminationDrainDuration")
 	assert.Less(t, took, drain+2*time.Second, "and then stops the proxy")
+	posts, err := proxytest.AdminPosts(postsFile)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"/drain_listeners?inboundonly&graceful", "/quitquitquit"}, posts, "then it asks the proxy to quit")
 }
 
 func TestDrainExitOnZeroActiveConnections(t *testing.T) {
-	proxytest.RequireKnobs(t)
 	const minimum = 200 * time.Millisecond
-	r := configured(t, "EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true", "MINIMUM_DRAIN_DURATION=200ms",
+	r, _ := configured(t,
 		// A long fixed drain, to show it is not what ends this mode.
-		`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010","terminationDrainDuration":"30s"}`)
+		`"terminationDrainDuration":"30s"`,
+		"EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true", "MINIMUM_DRAIN_DURATION=200ms")
 
 	inflight := request(fmt.Sprintf("http://%s:18080/slow?ms=1500", r.ip))
 	require.Eventually(t, func() bool {
@@ -135,10 +169,8 @@ func TestDrainExitOnZeroActiveConnections(t *testing.T) {
 }
 
 func TestDrainExitOnZeroWithoutConnectionsStopsAfterMinimum(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	r := start(t, pod{env: []string{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS=1", "MINIMUM_DRAIN_DURATION=300ms",
-		`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010","terminationDrainDuration":"30s"}`},
-		proxyEnv: []string{"TESTPROXY_CONFIG_ON_START=1"}})
+	r := start(t, pod{env: []string{"EXIT_ON_ZERO_ACTIVE_CONNECTIONS=1", "MINIMUM_DRAIN_DURATION=300ms"},
+		proxyConfig: `"terminationDrainDuration":"30s"`, configured: true})
 	require.Eventually(t, r.epochLive(0), 10*time.Second, 20*time.Millisecond)
 	sigterm := time.Now()
 	r.cancel()

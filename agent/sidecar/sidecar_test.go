@@ -1,7 +1,6 @@
 package sidecar_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -32,26 +31,33 @@ var proxyBinary string
 
 func TestMain(m *testing.M) { os.Exit(proxytest.Main(m, &proxyBinary)) }
 
-// pod describes one test pod; the agent runs in-process, the proxy as a real process.
+// pod describes one test pod; the agent runs in-process, the proxy (meshproxy) as a real
+// process, configured by a discovery of the pod's own.
 type pod struct {
 	env         []string
 	labels      map[string]string
 	annotations map[string]string
-	proxyEnv    []string
-	appPorts    []int
-	retry       supervisor.Retry
+	// proxyConfig are ProxyConfig fields (JSON members) beside the discovery address, when
+	// env has no PROXY_CONFIG.
+	proxyConfig string
+	// configured has discovery give the proxy an empty configuration from the start
+	// (else the proxy waits for its first one until the test configures it).
+	configured bool
+	proxyEnv   []string
+	appPorts   []int
+	retry      supervisor.Retry
 }
 
 type running struct {
-	ip      string
-	dir     string
-	certs   string
-	starts  string
-	agent   *sidecar.Agent
-	cancel  context.CancelFunc
-	done    chan error
-	client  *http.Client
-	stopped time.Time
+	ip        string
+	dir       string
+	certs     string
+	discovery *proxytest.Discovery
+	agent     *sidecar.Agent
+	cancel    context.CancelFunc
+	done      chan error
+	client    *http.Client
+	stopped   time.Time
 }
 
 type logWriter struct{ t testing.TB }
@@ -61,36 +67,47 @@ func (w logWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func options(t testing.TB, p pod) (sidecar.Options, string, string) {
+// options prepares a pod (its files, loopback address and discovery) and the agent's
+// options; run starts the agent.
+func options(t testing.TB, p pod) (sidecar.Options, *running) {
 	ip := proxytest.Loopback(t, 15000, 15020, 15021, 15090)
 	dir := t.TempDir()
 	podDir := filepath.Join(dir, "pod")
 	require.NoError(t, os.MkdirAll(podDir, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(podDir, "labels"), []byte(podinfo.Format(p.labels)), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(podDir, "annotations"), []byte(podinfo.Format(p.annotations)), 0o644))
+	disc := proxytest.StartDiscovery(t)
+	if p.configured {
+		disc.Configure(proxytest.Config{})
+	}
 	env := append([]string{
 		"POD_NAME=web-5d9c7b6f4-x7k2p", "POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web",
 		"INSTANCE_IP=" + ip, "WASMESH_LOCALHOST=" + ip, "WASMESH_WILDCARD=" + ip,
-		"ISTIO_META_INTERCEPTION_MODE=NONE",
+		"ISTIO_META_INTERCEPTION_MODE=NONE", fmt.Sprintf("WASMESH_BASE_ID=%d", proxytest.BaseID()),
 	}, p.env...)
 	if !hasPrefix(env, "PROXY_CONFIG=") {
-		env = append(env, `PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010"}`)
+		pc := fmt.Sprintf(`"discoveryAddress":%q`, disc.Addr())
+		if p.proxyConfig != "" {
+			pc += "," + p.proxyConfig
+		}
+		env = append(env, "PROXY_CONFIG={"+pc+"}")
 	}
 	retry := p.retry
 	if retry.MaxRetries == 0 {
 		retry = supervisor.Retry{MaxRetries: 3, InitialInterval: 20 * time.Millisecond}
 	}
-	starts := filepath.Join(dir, "starts")
-	return sidecar.Options{
+	o := sidecar.Options{
 		BinaryPath: proxyBinary, ConfigPath: filepath.Join(dir, "proxy"), PodInfoDir: podDir,
 		DrainDuration: time.Second, ParentShutdownDuration: time.Second,
 		ApplicationPorts: p.appPorts,
 		CertFiles:        []string{filepath.Join(dir, "cert-chain.pem")}, CertCheckInterval: time.Hour,
 		Env: env, Retry: retry, DrainPollInterval: 50 * time.Millisecond, QuitGrace: 2 * time.Second,
-		ProxyEnv: append([]string{"TESTPROXY_STARTS_FILE=" + starts}, p.proxyEnv...),
+		ProxyEnv: p.proxyEnv,
 		Stdout:   io.Discard, Stderr: logWriter{t},
 		Log: slog.New(slog.NewTextHandler(logWriter{t}, nil)), Version: "test",
-	}, ip, dir
+	}
+	return o, &running{ip: ip, dir: dir, certs: o.CertFiles[0], discovery: disc, done: make(chan error, 1),
+		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
 }
 
 func hasPrefix(env []string, p string) bool {
@@ -104,13 +121,18 @@ func hasPrefix(env []string, p string) bool {
 
 func start(t *testing.T, p pod) *running {
 	t.Helper()
-	o, ip, dir := options(t, p)
+	o, r := options(t, p)
+	r.run(t, o)
+	return r
+}
+
+// run starts the agent with o until the test ends.
+func (r *running) run(t *testing.T, o sidecar.Options) {
+	t.Helper()
 	a, err := sidecar.New(o)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{ip: ip, dir: dir, certs: o.CertFiles[0], starts: filepath.Join(dir, "starts"), agent: a, cancel: cancel,
-		done:   make(chan error, 1),
-		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
+	r.agent, r.cancel = a, cancel
 	go func() {
 		err := a.Run(ctx)
 		r.stopped = time.Now()
@@ -125,7 +147,6 @@ func start(t *testing.T, p pod) *running {
 			t.Error("agent did not stop")
 		}
 	})
-	return r
 }
 
 // wait returns the agent's result, failing the test after timeout.
@@ -188,25 +209,20 @@ func freePort(t *testing.T, ip string) int {
 }
 
 func TestReadinessTransitions(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	r := start(t, pod{appPorts: []int{18080}, env: []string{`PROXY_CONFIG={"discoveryAddress":"127.0.0.1:15010","terminationDrainDuration":"1s"}`}})
+	r := start(t, pod{appPorts: []int{18080}, proxyConfig: `"terminationDrainDuration":"1s"`})
 
 	require.Eventually(t, r.readyIs(503, "INITIALIZING"), 10*time.Second, 20*time.Millisecond,
 		"a proxy waiting for its first config from discovery is not ready")
-	// The agent's status port answers before the proxy process has opened its 15021
-	// listener (as in a pod, where the probe is refused until Envoy starts); once open,
-	// it must route to the agent and answer the agent's 503.
-	require.Eventually(t, func() bool {
-		code, _ := r.get("/healthz/ready", 15021)
-		return code != 0
-	}, 10*time.Second, 20*time.Millisecond, "the proxy opens its readiness listener")
+
+	r.discovery.Configure(proxytest.Config{})
+	require.Eventually(t, r.readyIs(503, "application ports 18080"), 5*time.Second, 20*time.Millisecond)
+	// The agent's status port answers before the proxy serves its 15021 listener (as in a
+	// pod, where the probe fails until Envoy's workers start, once it is initialized);
+	// the proxy's listener must route to the agent and answer the agent's 503.
 	code, _ := r.get("/healthz/ready", 15021)
 	assert.Equal(t, 503, code, "the proxy's readiness listener routes to the agent")
 
-	r.adminPost(t, "/testproxy/xds", `{}`)
-	require.Eventually(t, r.readyIs(503, "application ports 18080"), 5*time.Second, 20*time.Millisecond)
-
-	r.adminPost(t, "/testproxy/xds", fmt.Sprintf(`{"inbound":["%s:18080"]}`, r.ip))
+	r.discovery.Configure(proxytest.Config{Inbound: []string{r.ip + ":18080"}})
 	require.Eventually(t, r.readyIs(200, ""), 5*time.Second, 20*time.Millisecond)
 	code, _ = r.get("/healthz/ready", 15021)
 	assert.Equal(t, 200, code, "ready through the proxy's 15021 listener too")
@@ -221,20 +237,35 @@ func TestReadinessTransitions(t *testing.T) {
 	require.NoError(t, r.wait(t, 10*time.Second))
 }
 
+// agentCounter sums a counter's series on the agent's merged /stats/prometheus.
+func (r *running) agentCounter(t *testing.T, name string) float64 {
+	t.Helper()
+	code, page := r.get("/stats/prometheus", 15020)
+	require.Equal(t, 200, code)
+	fams, err := statsmerge.ParseText(strings.NewReader(page))
+	require.NoError(t, err)
+	sum := 0.0
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
 func TestCertificateChangeStartsNewEpoch(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	r := start(t, pod{proxyEnv: []string{"TESTPROXY_CONFIG_ON_START=1"}})
+	r := start(t, pod{configured: true})
 	require.Eventually(t, r.epochLive(0), 10*time.Second, 20*time.Millisecond)
 	require.Eventually(t, r.readyIs(200, ""), 5*time.Second, 20*time.Millisecond)
+	pid0, ok := proxytest.Processes(filepath.Join(r.dir, "proxy"))[0]
+	require.True(t, ok, "epoch 0's process runs")
 
 	require.NoError(t, os.WriteFile(r.certs, []byte("rotated"), 0o600))
 	require.Eventually(t, r.epochLive(1), 10*time.Second, 20*time.Millisecond, "a new certificate starts epoch 1")
-	b, err := os.ReadFile(r.starts)
-	require.NoError(t, err)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	require.Len(t, lines, 2)
-	pid0, _ := strconv.Atoi(strings.Fields(lines[0])[1])
 	assert.NoError(t, syscallKill0(pid0), "epoch 0 still runs (draining) while epoch 1 is live")
+	assert.Equal(t, 2.0, r.agentCounter(t, "wasmesh_agent_proxy_starts_total"), "two proxy starts, no other")
 	require.FileExists(t, filepath.Join(r.dir, "proxy", "envoy-rev1.json"))
 	require.Eventually(t, func() bool { return syscallKill0(pid0) != nil }, 10*time.Second, 20*time.Millisecond,
 		"epoch 0 exits after the parent shutdown time")
@@ -246,20 +277,27 @@ func TestCertificateChangeStartsNewEpoch(t *testing.T) {
 	assert.Equal(t, 200, code)
 }
 
+// A proxy that cannot start (its admin port is taken, so meshproxy, as Envoy, exits
+// with 1 at once) spends the retry budget, and the agent ends with the proxy's exit status.
 func TestSpentBudgetEndsAgentWithError(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	r := start(t, pod{proxyEnv: []string{"TESTPROXY_EXIT_CODE=3"}, retry: supervisor.Retry{MaxRetries: 2, InitialInterval: time.Millisecond}})
-	err := r.wait(t, 20*time.Second)
+	o, r := options(t, pod{retry: supervisor.Retry{MaxRetries: 2, InitialInterval: time.Millisecond}})
+	taken, err := net.Listen("tcp", r.ip+":15000")
+	require.NoError(t, err)
+	defer taken.Close()
+	stderr := &proxytest.Output{}
+	o.Stderr = io.MultiWriter(stderr, o.Stderr)
+	r.run(t, o)
+	err = r.wait(t, 20*time.Second)
 	require.ErrorIs(t, err, supervisor.ErrBudgetExhausted)
-	assert.Contains(t, err.Error(), "exit status 3")
+	assert.Contains(t, err.Error(), "exit status 1")
+	assert.Equal(t, 3, strings.Count(stderr.String(), "admin: cannot bind "+r.ip+":15000"),
+		"three starts, each failing to bind the admin port:\n%s", stderr)
 }
 
 func TestProbeForwarding(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	o, ip, _ := options(t, pod{})
-	_ = o
+	o, r := options(t, pod{})
 	// The application listens on the pod's localhost, as in the local mesh.
-	appL, err := net.Listen("tcp", ip+":0")
+	appL, err := net.Listen("tcp", r.ip+":0")
 	require.NoError(t, err)
 	defer appL.Close()
 	app := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -275,13 +313,7 @@ func TestProbeForwarding(t *testing.T) {
 	probers := fmt.Sprintf(`{"/app-health/web/livez":{"httpGet":{"path":"/live","port":%d}},"/app-health/web/readyz":{"httpGet":{"path":"/ready","port":%d}},"/app-health/web/startupz":{"tcpSocket":{"port":%d}}}`, port, port, port)
 
 	o.Env = append(o.Env, "ISTIO_KUBE_APP_PROBERS="+probers)
-	a, err := sidecar.New(o)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	r := &running{ip: ip, agent: a, client: &http.Client{Timeout: 5 * time.Second}}
+	r.run(t, o)
 	require.Eventually(t, func() bool { c, _ := r.get("/app-health/web/livez", 15020); return c == 200 }, 10*time.Second, 20*time.Millisecond)
 	c, _ := r.get("/app-health/web/readyz", 15020)
 	assert.Equal(t, 500, c)
@@ -290,35 +322,29 @@ func TestProbeForwarding(t *testing.T) {
 }
 
 func TestMergedMetrics(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	o, ip, _ := options(t, pod{
+	o, r := options(t, pod{
 		annotations: map[string]string{"sidecar.istio.io/extraStatTags": "tenant"},
+		configured:  true,
 	})
 	// An application exposing its own metrics, Go runtime included (as the agent's are).
 	reg := prometheus.NewRegistry()
 	orders := prometheus.NewCounter(prometheus.CounterOpts{Name: "shop_orders_total", Help: "Orders."})
 	orders.Add(5)
 	reg.MustRegister(orders, collectors.NewGoCollector())
-	appPort := freePort(t, ip)
-	appL, err := net.Listen("tcp", fmt.Sprintf("%s:%d", ip, appPort))
+	appPort := freePort(t, r.ip)
+	appL, err := net.Listen("tcp", fmt.Sprintf("%s:%d", r.ip, appPort))
 	require.NoError(t, err)
 	app := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
 	go app.Serve(appL)
 	defer app.Close()
 	o.Env = append(o.Env, fmt.Sprintf(`ISTIO_PROMETHEUS_ANNOTATIONS={"scrape":"true","port":"%d","path":"/metrics"}`, appPort))
-	o.ProxyEnv = append(o.ProxyEnv, "TESTPROXY_CONFIG_ON_START=1")
+	// A filter-encoded metric, as the telemetry filter names it, with the pod's extra tag:
+	// meshproxy's test hook has the proxy expose it as a Wasm filter's counter.
+	o.ProxyEnv = append(o.ProxyEnv, proxytest.WasmCounters(t, r.dir, []string{
+		"reporter=.=destination;.;tenant=.=acme;.;response_code=.=200;.;istio_requests_total 3"}))
 
-	a, err := sidecar.New(o)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	r := &running{ip: ip, agent: a, client: &http.Client{Timeout: 5 * time.Second}}
+	r.run(t, o)
 	require.Eventually(t, r.readyIs(200, ""), 10*time.Second, 20*time.Millisecond)
-
-	// A filter-encoded metric, as the telemetry filter names it, with the pod's extra tag.
-	r.adminPost(t, "/testproxy/stat?name="+urlEscape("wasmcustom.reporter=.=destination;.;tenant=.=acme;.;response_code=.=200;.;istio_requests_total")+"&value=3", "")
 
 	code, page := r.get("/stats/prometheus", 15020)
 	require.Equal(t, 200, code)
@@ -346,16 +372,4 @@ func TestMergedMetrics(t *testing.T) {
 	require.Equal(t, 200, code, "the proxy's Prometheus listener routes to its admin")
 	assert.Contains(t, proxyPage, "istio_requests_total{")
 	assert.NotContains(t, proxyPage, "shop_orders_total")
-}
-
-func urlEscape(s string) string {
-	var b bytes.Buffer
-	for _, c := range []byte(s) {
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' {
-			b.WriteByte(c)
-		} else {
-			fmt.Fprintf(&b, "%%%02X", c)
-		}
-	}
-	return b.String()
 }

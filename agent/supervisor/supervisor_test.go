@@ -2,14 +2,11 @@ package supervisor_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,36 +26,61 @@ var proxyBinary string
 func TestMain(m *testing.M) { os.Exit(proxytest.Main(m, &proxyBinary)) }
 
 type rig struct {
-	sup    *supervisor.Supervisor
-	admin  *admin.Client
-	reg    *prometheus.Registry
-	starts string
-	done   chan error
-	cancel context.CancelFunc
+	sup       *supervisor.Supervisor
+	admin     *admin.Client
+	reg       *prometheus.Registry
+	proxy     *recorder
+	dir       string
+	discovery *proxytest.Discovery
+	stderr    *proxytest.Output // the proxies' logs
+	done      chan error
+	cancel    context.CancelFunc
 }
 
-// start runs a supervisor over the test proxy with the given knobs (environment).
-func start(t *testing.T, retry supervisor.Retry, env ...string) *rig {
+// setup is how a rig's proxy starts.
+type setup struct {
+	retry supervisor.Retry
+	// badBootstraps is how many epochs, from the first, get a bootstrap meshproxy rejects
+	// (they exit with an error at once).
+	badBootstraps int
+}
+
+// start runs a supervisor over meshproxy, configured by a discovery of the test's own.
+func start(t *testing.T, s setup) *rig {
 	t.Helper()
 	ip := proxytest.Loopback(t, 15000, 15020, 15021, 15090)
 	dir := t.TempDir()
-	starts := filepath.Join(dir, "starts")
+	disc := proxytest.StartDiscovery(t)
+	disc.Configure(proxytest.Config{})
+	render, rendered := proxytest.Bootstrap(ip, disc.Addr()), 0
+	var renderMu sync.Mutex
+	stderr := &proxytest.Output{}
 	ac := admin.New(ip+":15000", time.Second)
 	t.Cleanup(ac.Close)
+	baseID := proxytest.BaseID()
 	p, err := envoyproc.New(envoyproc.Config{
 		BinaryPath: proxyBinary, ConfigPath: dir,
 		DrainDuration: time.Second, ParentShutdownDuration: time.Second,
 		ServiceCluster: "test.test", ServiceNode: "sidecar~" + ip + "~test.test~test.svc.cluster.local",
-		LogLevel: "warning", Bootstrap: proxytest.Bootstrap(ip), Admin: ac, ReadyPoll: 20 * time.Millisecond,
-		Env:    append([]string{"TESTPROXY_STARTS_FILE=" + starts}, env...),
-		Stdout: io.Discard, Stderr: io.Discard,
+		LogLevel: "warning", BaseID: &baseID, Admin: ac, ReadyPoll: 20 * time.Millisecond,
+		Bootstrap: func() ([]byte, error) {
+			renderMu.Lock()
+			defer renderMu.Unlock()
+			if rendered++; rendered <= s.badBootstraps {
+				return []byte("{not a bootstrap"), nil
+			}
+			return render()
+		},
+		Stdout: io.Discard, Stderr: stderr,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)
+	rec := &recorder{Proxy: p}
 	reg := prometheus.NewRegistry()
-	sup := supervisor.New(p, retry, slog.New(slog.NewTextHandler(testWriter{t}, nil)), reg)
+	sup := supervisor.New(rec, s.retry, slog.New(slog.NewTextHandler(testWriter{t}, nil)), reg)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &rig{sup: sup, admin: ac, reg: reg, starts: starts, done: make(chan error, 1), cancel: cancel}
+	r := &rig{sup: sup, admin: ac, reg: reg, proxy: rec, dir: dir, discovery: disc, stderr: stderr,
+		done: make(chan error, 1), cancel: cancel}
 	go func() { r.done <- sup.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
@@ -78,30 +100,42 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-type startRec struct {
-	epoch int
-	pid   int
-	at    time.Time
+// recorder is the supervisor's proxy: envoyproc's, noting when each epoch started,
+// whether it was reported live to the supervisor, and whether its process ended.
+type recorder struct {
+	*envoyproc.Proxy
+	mu   sync.Mutex
+	runs []run
 }
 
-func (r *rig) startsSeen(t *testing.T) []startRec {
-	b, err := os.ReadFile(r.starts)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	require.NoError(t, err)
-	var out []startRec
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 3 {
-			continue
-		}
-		e, _ := strconv.Atoi(f[0])
-		pid, _ := strconv.Atoi(f[1])
-		ns, _ := strconv.ParseInt(f[2], 10, 64)
-		out = append(out, startRec{e, pid, time.Unix(0, ns)})
-	}
-	return out
+type run struct {
+	epoch        int
+	at           time.Time
+	live, exited bool
+}
+
+func (r *recorder) Run(abort context.Context, config string, epoch int, ready func()) error {
+	r.mu.Lock()
+	i := len(r.runs)
+	r.runs = append(r.runs, run{epoch: epoch, at: time.Now()})
+	r.mu.Unlock()
+	err := r.Proxy.Run(abort, config, epoch, func() {
+		ready()
+		r.mu.Lock()
+		r.runs[i].live = true
+		r.mu.Unlock()
+	})
+	r.mu.Lock()
+	r.runs[i].exited = true
+	r.mu.Unlock()
+	return err
+}
+
+// starts returns the epochs started so far, in order.
+func (r *recorder) starts() []run {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]run(nil), r.runs...)
 }
 
 func (r *rig) gauge(t *testing.T, name string) float64 {
@@ -116,8 +150,14 @@ func (r *rig) gauge(t *testing.T, name string) float64 {
 	return 0
 }
 
+// live reports whether the newest start is epoch, the supervisor was told it is live,
+// and its admin says so.
 func (r *rig) live(epoch int) func() bool {
 	return func() bool {
+		s := r.proxy.starts()
+		if len(s) == 0 || s[len(s)-1].epoch != epoch || !s[len(s)-1].live {
+			return false
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		si, err := r.admin.ServerInfo(ctx)
@@ -126,16 +166,15 @@ func (r *rig) live(epoch int) func() bool {
 }
 
 func TestRestartWithBackoffRestoresBudget(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	failFile := filepath.Join(t.TempDir(), "fail")
-	require.NoError(t, os.WriteFile(failFile, []byte("3"), 0o644))
 	retry := supervisor.Retry{MaxRetries: 5, InitialInterval: 30 * time.Millisecond}
-	r := start(t, retry, "TESTPROXY_FAIL_FILE="+failFile, "TESTPROXY_CONFIG_ON_START=1")
+	// The first three starts get a bootstrap the proxy rejects: it exits with an error.
+	r := start(t, setup{retry: retry, badBootstraps: 3})
 	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"))
 
 	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond, "the fourth start comes up")
-	starts := r.startsSeen(t)
+	starts := r.proxy.starts()
 	require.Len(t, starts, 4, "three failed starts and one good one")
+	assert.Equal(t, 3, strings.Count(r.stderr.String(), "meshproxy: bootstrap "), "each failed on its bootstrap:\n%s", r.stderr)
 	for i := 1; i < len(starts); i++ {
 		assert.Equal(t, 0, starts[i].epoch, "after an error every epoch is aborted and the chain restarts at 0")
 		gap := starts[i].at.Sub(starts[i-1].at)
@@ -145,76 +184,65 @@ func TestRestartWithBackoffRestoresBudget(t *testing.T) {
 	require.Eventually(t, func() bool { return r.gauge(t, "wasmesh_agent_proxy_retry_budget") == 5 },
 		5*time.Second, 10*time.Millisecond, "a live epoch restores the budget")
 
-	// A crash after that is retried from a full budget again.
-	code, _, err := r.admin.Do(context.Background(), "POST", "/testproxy/exit?code=7")
-	require.NoError(t, err)
-	require.Equal(t, 200, code)
-	require.Eventually(t, func() bool { return len(r.startsSeen(t)) == 5 }, 5*time.Second, 10*time.Millisecond)
+	// A crash after that (the process is killed) is retried from a full budget again.
+	pid, ok := proxytest.Processes(r.dir)[0]
+	require.True(t, ok, "epoch 0's process runs")
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	require.Eventually(t, func() bool { return len(r.proxy.starts()) == 5 }, 5*time.Second, 10*time.Millisecond)
 	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return r.gauge(t, "wasmesh_agent_proxy_retry_budget") == 5 },
 		5*time.Second, 10*time.Millisecond)
 }
 
 func TestSpentBudgetEndsWithError(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	r := start(t, supervisor.Retry{MaxRetries: 3, InitialInterval: 5 * time.Millisecond}, "TESTPROXY_EXIT_CODE=2")
+	// Every start gets a bootstrap the proxy rejects: meshproxy, as Envoy, exits with 1.
+	r := start(t, setup{retry: supervisor.Retry{MaxRetries: 3, InitialInterval: 5 * time.Millisecond}, badBootstraps: 100})
 	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"))
 	select {
 	case err := <-r.done:
 		require.ErrorIs(t, err, supervisor.ErrBudgetExhausted)
-		assert.Contains(t, err.Error(), "exit status 2")
+		assert.Contains(t, err.Error(), "exit status 1", "the proxy's exit status is in the error")
 		r.done <- err // for the cleanup
 	case <-time.After(20 * time.Second):
 		t.Fatal("supervisor kept retrying")
 	}
-	assert.Len(t, r.startsSeen(t), 4, "one start and three retries")
+	assert.Len(t, r.proxy.starts(), 4, "one start and three retries")
+	assert.Equal(t, 4, strings.Count(r.stderr.String(), "meshproxy: bootstrap "), "each failed on its bootstrap:\n%s", r.stderr)
 }
 
 func TestNewConfigStartsNextEpochWhileOldDrains(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	r := start(t, supervisor.DefaultRetry(), "TESTPROXY_CONFIG_ON_START=1")
+	r := start(t, setup{retry: supervisor.DefaultRetry()})
 	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"))
 	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"), "the same config again")
 	require.NoError(t, r.sup.Apply(context.Background(), "certs-v2"))
 
 	require.Eventually(t, r.live(1), 10*time.Second, 10*time.Millisecond, "epoch 1 takes over the admin")
-	starts := r.startsSeen(t)
+	starts := r.proxy.starts()
 	require.Len(t, starts, 2, "the repeated config started nothing")
 	assert.Equal(t, 1, starts[1].epoch)
-	assert.True(t, alive(starts[0].pid), "epoch 0 is still draining when epoch 1 is live")
-	require.Eventually(t, func() bool { return !alive(starts[0].pid) }, 10*time.Second, 20*time.Millisecond,
+	assert.False(t, starts[0].exited, "epoch 0 is still draining when epoch 1 is live")
+	require.Eventually(t, func() bool { return r.proxy.starts()[0].exited }, 10*time.Second, 20*time.Millisecond,
 		"epoch 0 exits after the parent shutdown time")
 	assert.True(t, r.live(1)(), "epoch 1 keeps serving")
 	assert.Equal(t, float64(1), r.gauge(t, "wasmesh_agent_proxy_epoch"))
 }
 
-// alive reports whether pid is a running (not zombie) process.
-func alive(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	f := strings.Fields(string(b))
-	return len(f) > 2 && f[2] != "Z"
-}
-
 // While a new epoch initializes beside a live one, the supervisor says a hot restart is
-// under way; it stops saying so once the new epoch is live.
+// under way; it stops saying so once the new epoch is live. Epoch 1 initializes until
+// discovery answers it.
 func TestHotRestartingUntilTheNewEpochIsLive(t *testing.T) {
-	proxytest.RequireKnobs(t)
-	r := start(t, supervisor.DefaultRetry(), "TESTPROXY_CONFIG_ON_START=1", "TESTPROXY_CHILD_INIT=700ms")
+	r := start(t, setup{retry: supervisor.DefaultRetry()})
 	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"))
 	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond)
 	assert.False(t, r.sup.HotRestarting(), "one live epoch: no hot restart")
 
+	r.discovery.HoldNewStreams()
 	require.NoError(t, r.sup.Apply(context.Background(), "certs-v2"))
 	require.Eventually(t, r.sup.HotRestarting, 5*time.Second, 5*time.Millisecond,
 		"epoch 1 initializes while epoch 0 serves")
 	assert.False(t, r.live(1)(), "epoch 1 is not live yet")
+	r.discovery.Release()
 	require.Eventually(t, r.live(1), 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return !r.sup.HotRestarting() }, 5*time.Second, 5*time.Millisecond,
 		"epoch 1 is live: the hot restart is over")

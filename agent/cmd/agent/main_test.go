@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -132,48 +131,30 @@ func TestBadInputExitsNonZeroNamingIt(t *testing.T) {
 	}
 }
 
-// sidecarProcess is the agent binary running `proxy sidecar` with the test proxy, as a pod
+// sidecarProcess is the agent binary running `proxy sidecar` with meshproxy, as a pod
 // runs it, until the test ends.
 type sidecarProcess struct {
 	cmd    *exec.Cmd
 	ip     string
 	dir    string
-	logs   *lockedBuffer
+	logs   *proxytest.Output
 	exited chan error    // the agent's exit, for the test to receive
 	done   chan struct{} // closed once the agent has exited
 }
 
-// lockedBuffer is the agent's output: os/exec copies into it from its own goroutine while
-// the test reads it for messages.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func startSidecar(t *testing.T) *sidecarProcess {
 	t.Helper()
-	proxytest.RequireKnobs(t)
 	ip := proxytest.Loopback(t, 15000, 15020, 15021, 15090)
 	dir := t.TempDir()
+	discovery := proxytest.StartDiscovery(t)
+	discovery.Configure(proxytest.Config{})
 	cmd := exec.Command(agentBinary, "proxy", "sidecar", "--binaryPath", proxyBinary,
 		"--configPath", filepath.Join(dir, "proxy"), "--podInfoDir", dir, "--certDir", dir,
-		"--discoveryAddress", "127.0.0.1:15010", "--drainDuration", "1s")
+		"--discoveryAddress", discovery.Addr(), "--drainDuration", "1s")
 	cmd.Env = append(os.Environ(), "POD_NAME=web-1", "POD_NAMESPACE=shop", "INSTANCE_IP="+ip,
-		"WASMESH_LOCALHOST="+ip, "WASMESH_WILDCARD="+ip, "TESTPROXY_CONFIG_ON_START=1",
+		"WASMESH_LOCALHOST="+ip, "WASMESH_WILDCARD="+ip, fmt.Sprintf("WASMESH_BASE_ID=%d", proxytest.BaseID()),
 		`PROXY_CONFIG={"terminationDrainDuration":"0.2s"}`)
-	s := &sidecarProcess{cmd: cmd, ip: ip, dir: dir, logs: &lockedBuffer{},
+	s := &sidecarProcess{cmd: cmd, ip: ip, dir: dir, logs: &proxytest.Output{},
 		exited: make(chan error, 1), done: make(chan struct{})}
 	cmd.Stderr, cmd.Stdout = s.logs, s.logs
 	// The proxy inherits the output pipe; do not wait on it forever if it outlives the agent.
