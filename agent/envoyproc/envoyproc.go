@@ -83,6 +83,8 @@ func (p *Proxy) Args(file string, epoch int) []string {
 		"-c", file,
 		"--restart-epoch", strconv.Itoa(epoch),
 		"--drain-time-s", strconv.Itoa(seconds(p.c.DrainDuration)),
+		// As pilot-agent: every connection is told to close as soon as draining starts.
+		"--drain-strategy", "immediate",
 		"--parent-shutdown-time-s", strconv.Itoa(seconds(p.c.ParentShutdownDuration)),
 		"--service-cluster", p.c.ServiceCluster,
 		"--service-node", p.c.ServiceNode,

@@ -14,7 +14,7 @@ func TestArgs(t *testing.T) {
 	require.NoError(t, err)
 	args := p.Args("/etc/istio/proxy/envoy-rev3.json", 3)
 	assert.Equal(t, []string{"-c", "/etc/istio/proxy/envoy-rev3.json", "--restart-epoch", "3",
-		"--drain-time-s", "1", "--parent-shutdown-time-s", "1", "--service-cluster", "web.default",
+		"--drain-time-s", "1", "--drain-strategy", "immediate", "--parent-shutdown-time-s", "1", "--service-cluster", "web.default",
 		"--service-node", "sidecar~1~web-1.default~default.svc.cluster.local", "--local-address-ip-version", "v4",
 		"--log-level", "warning", "--concurrency", "2"}, args)
 	assert.NotContains(t, args, "--base-id")

@@ -23,9 +23,8 @@ import (
 // 4b. Seed 004: on SIGTERM the agent drains the proxy's inbound listeners
 // (POST /drain_listeners?inboundonly&graceful) and the proxy drains them Envoy's way: for
 // --drain-time-s the listener keeps accepting while responses tell clients to go away
-// (HTTP/1.1 Connection: close, HTTP/2 GOAWAY; gradual, Envoy's default strategy and the one
-// the agent's command line leaves in force: ever more of them until every one), then it
-// stops accepting. The outbound listeners of the same proxy are not drained: the
+// (HTTP/1.1 Connection: close, HTTP/2 GOAWAY; every one of them, with the immediate strategy
+// the agent asks for as pilot-agent does), then it stops accepting. The outbound listeners of the same proxy are not drained: the
 // application keeps calling out until the proxy quits.
 //
 // The scale-down tests cannot see this: discovery takes the stopping pod out of EDS, so no
@@ -128,12 +127,12 @@ func probeInboundDrain(t *testing.T, addr string, kept *http1Conn, h2 *h2cConn) 
 		require.NoError(t, err, "a new inbound connection after SIGTERM is served (%+v)", d)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		d.answered++
-		switch {
-		case resp.Close:
+		if d.drainClosed > 0 {
+			d.acceptedAfterClose++
+		}
+		if resp.Close {
 			d.drainClosed++
 			assert.True(t, c.closedByPeer(), "a connection told to close is closed by the proxy")
-		case d.drainClosed > 0:
-			d.acceptedAfterClose++
 		}
 		c.close()
 		if !d.keptClosed && d.keptErr == nil {
