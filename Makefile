@@ -84,22 +84,30 @@ vet: deps
 	@if [ -d filters ]; then echo "go vet filters (wasip1)"; cd filters && GOOS=wasip1 GOARCH=wasm $(GO) vet ./...; fi
 
 # WASMESH_REQUIRE_FIXTURES turns a missing build artifact into a test failure instead of a skip.
-test: vet build fixtures test-unit
+test: vet build fixtures test-unit test-race
 
 test-unit: build fixtures kube-bin
 	@for m in $(MODULES); do echo "go test $$m"; \
 		(cd $$m && WASMESH_REQUIRE_FIXTURES=1 $(GO) test -count=1 -timeout 20m ./...) || exit 1; done
 
 # The concurrent packages under the race detector: the xDS server and push pipeline, the
-# registry, the Wasm host, the agent's supervisor and sidecar, meshproxy's listeners and
-# upstreams.
+# registry, the Wasm host, the agent's supervisor and sidecar; then meshproxy's end-to-end
+# tests against a race-built meshproxy (its listeners and upstreams run concurrently only in
+# a running proxy), which exits on the first race it sees (GORACE halt_on_error).
 RACE_PKGS := controlplane:./server/...,./push/...,./registry/...,./discovery/... \
 	wasm:./host \
-	agent:./supervisor/...,./sidecar/...,./drain/...,./envoyproc/... \
-	testenv:./proxy/listener/...,./proxy/upstream/...,./proxy/hcm/...
+	agent:./supervisor/...,./sidecar/...,./envoyproc/...,./cmd/agent/... \
+	testenv:./proxy/upstream/...,./proxy/router/...
+RACE_BIN := $(ROOT)/build/race-bin
 test-race: build fixtures
 	@for e in $(RACE_PKGS); do m=$${e%%:*}; pkgs=$${e#*:}; echo "go test -race $$m $$pkgs"; \
 		(cd $$m && WASMESH_REQUIRE_FIXTURES=1 $(GO) test -race -count=1 -timeout 20m $${pkgs//,/ }) || exit 1; done
+	@mkdir -p $(RACE_BIN) && cp $(BIN)/* $(RACE_BIN)/
+	@echo "go build -race testenv/cmd/meshproxy -> build/race-bin/meshproxy"
+	@cd testenv && $(GO) build -race -o $(RACE_BIN)/meshproxy ./cmd/meshproxy
+	@echo "go test testenv ./proxy/e2e/... (race-built meshproxy)"
+	@cd testenv && WASMESH_BIN_DIR=$(RACE_BIN) GORACE=halt_on_error=1 WASMESH_REQUIRE_FIXTURES=1 \
+		$(GO) test -count=1 -timeout 20m ./proxy/e2e/...
 
 # Mutation testing (gremlins) of the core packages: each mutant is run against the package's
 # own tests; the table of killed and lived mutants is printed per package. Not run in CI.
