@@ -94,7 +94,7 @@ test-unit: build fixtures kube-bin
 # registry, the Wasm host, the agent's supervisor and sidecar; then meshproxy's end-to-end
 # tests against a race-built meshproxy (its listeners and upstreams run concurrently only in
 # a running proxy), which exits on the first race it sees (GORACE halt_on_error).
-RACE_PKGS := controlplane:./server/...,./push/...,./registry/...,./discovery/... \
+RACE_PKGS := controlplane:./server/...,./pusher/...,./push/...,./registry/...,./meshstate/...,./discovery/... \
 	wasm:./host \
 	agent:./supervisor/...,./sidecar/...,./envoyproc/...,./cmd/agent/... \
 	testenv:./proxy/upstream/...,./proxy/router/...
