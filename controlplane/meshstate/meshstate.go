@@ -26,9 +26,11 @@ type State struct {
 	order []string // sources by precedence
 
 	// Entries is the registry of ServiceEntries, WorkloadEntries and workloads; Registry
-	// aggregates it with the other service registries.
-	Entries  *registry.ServiceEntries
-	Registry *registry.Aggregate
+	// aggregates the services the sources publish (Kubernetes), which win for a host they
+	// define, and Entries.
+	Entries   *registry.ServiceEntries
+	Registry  *registry.Aggregate
+	published map[string]*registry.Published
 
 	mu        sync.Mutex
 	configs   *merged[config.Key, *config.Config]
@@ -43,9 +45,15 @@ type State struct {
 // change; set it before any source runs.
 func New(log *slog.Logger, entries *registry.ServiceEntries, push func(*push.Request), sources ...string) *State {
 	s := &State{log: log.With("scope", "meshstate"), order: sources, Entries: entries,
-		Registry: registry.NewAggregate(entries),
-		configs:  newMerged[config.Key, *config.Config](sources), workloads: newMerged[string, *model.Workload](sources),
+		published: map[string]*registry.Published{},
+		configs:   newMerged[config.Key, *config.Config](sources), workloads: newMerged[string, *model.Workload](sources),
 		synced: map[string]bool{}, ready: make(chan struct{}), push: push}
+	var regs []registry.Registry
+	for _, src := range sources {
+		s.published[src] = registry.NewPublished(src)
+		regs = append(regs, s.published[src])
+	}
+	s.Registry = registry.NewAggregate(append(regs, entries)...)
 	s.Registry.AddHandler(s.registryChanged)
 	return s
 }
@@ -101,14 +109,23 @@ func (s *State) Configs(from string, ev source.ConfigEvent) {
 	s.emit(push.NewFull(push.ReasonConfig, keys...))
 }
 
-// Services implements source.Sink (registry sources: not yet served).
+// Services implements source.Sink: the source's registry holds them (and pushes what
+// changed).
 func (s *State) Services(from string, ev source.ServiceEvent) {
-	s.log.Warn("services from a registry source are not served yet", "source", from, "updated", len(ev.Updated))
+	s.publishedBy(from).SetServices(ev.Updated, ev.Deleted)
 }
 
-// Endpoints implements source.Sink (registry sources: not yet served).
+// Endpoints implements source.Sink.
 func (s *State) Endpoints(from string, ev source.EndpointEvent) {
-	s.log.Warn("endpoints from a registry source are not served yet", "source", from, "host", ev.Host)
+	s.publishedBy(from).SetEndpoints(ev.Host, ev.Endpoints)
+}
+
+func (s *State) publishedBy(from string) *registry.Published {
+	p := s.published[from]
+	if p == nil {
+		panic(fmt.Sprintf("meshstate: unknown source %q", from)) // a wiring mistake, not input
+	}
+	return p
 }
 
 // Workloads implements source.Sink: the workloads in force change by precedence and the

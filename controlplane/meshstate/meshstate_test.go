@@ -101,3 +101,41 @@ func TestWorkloadsMergeByPrecedence(t *testing.T) {
 	s.Workloads(registry.ProxiesSource, source.WorkloadEvent{Deleted: []string{"demo/w"}})
 	assert.Empty(t, s.Entries.Workloads())
 }
+
+// Services and endpoints a source publishes join the registry ahead of the ServiceEntries:
+// for a host both define, the source's service is in force. Saying the same again pushes
+// nothing; new endpoints push endpoints only.
+func TestPublishedServicesWinAndRepeatsPushNothing(t *testing.T) {
+	s, pushed := newState(t, "kube")
+	s.Synced("kube")
+	se := config.ParseFile("se.yaml", []byte(`
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: web, namespace: demo}
+spec: {hosts: [web.demo.svc.cluster.local], resolution: STATIC, ports: [{number: 80, name: http}]}
+`))[0].Config
+	s.Configs("kube", source.ConfigEvent{Updated: []*config.Config{se}})
+	require.Len(t, s.Registry.Services(), 1)
+	assert.Equal(t, uint32(80), s.Registry.Services()[0].Ports[0].Port)
+
+	svc := &model.Service{Hostname: "web.demo.svc.cluster.local", Namespace: "demo", Name: "web", Ports: []model.Port{{Name: "http", Port: 8080}}}
+	n := len(*pushed)
+	s.Services("kube", source.ServiceEvent{Updated: []*model.Service{svc}})
+	require.Len(t, s.Registry.Services(), 1)
+	assert.Equal(t, uint32(8080), s.Registry.Services()[0].Ports[0].Port, "the published service wins")
+	require.Len(t, *pushed, n+1)
+	assert.True(t, (*pushed)[n].Full)
+
+	again := *svc
+	s.Services("kube", source.ServiceEvent{Updated: []*model.Service{&again}})
+	eps := []*model.Endpoint{{Address: "10.0.0.1", Port: 8080, ServicePort: 8080}}
+	s.Endpoints("kube", source.EndpointEvent{Host: svc.Hostname, Endpoints: eps})
+	s.Endpoints("kube", source.EndpointEvent{Host: svc.Hostname, Endpoints: []*model.Endpoint{{Address: "10.0.0.1", Port: 8080, ServicePort: 8080}}})
+	require.Len(t, *pushed, n+2, "a relist says nothing new")
+	assert.False(t, (*pushed)[n+1].Full)
+	assert.Equal(t, map[string]struct{}{svc.Hostname: {}}, (*pushed)[n+1].EDSHosts)
+	assert.Equal(t, eps, s.Registry.Endpoints(svc.Hostname))
+
+	s.Services("kube", source.ServiceEvent{Deleted: []string{svc.Hostname}})
+	assert.Equal(t, uint32(80), s.Registry.Services()[0].Ports[0].Port, "the ServiceEntry's takes over")
+}
