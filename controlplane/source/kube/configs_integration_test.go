@@ -279,6 +279,7 @@ func TestRejectedObjectKeepsLastGoodAndGetsStatus(t *testing.T) {
 	u := waitObject(t, c.Config, vsGVR, ns, "reviews", "current", func(*unstructured.Unstructured) bool { return true })
 	_, listed, _ := schemaMessage(u)
 	assert.False(t, listed, "a disabled writer writes nothing")
+	assert.Zero(t, r.src.writer.queued.Load(), "a disabled writer queues nothing (the sentinel's batch came after the rejection's)")
 
 	// This replica leads: the outcome it holds is written.
 	r.src.StatusWriter().SetEnabled(true)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -46,7 +47,8 @@ type StatusWriter struct {
 	enabled bool
 	pending map[config.Key]statusReport // writes not done yet
 
-	q workqueue.TypedRateLimitingInterface[config.Key]
+	q      workqueue.TypedRateLimitingInterface[config.Key]
+	queued atomic.Int64 // writes ever queued (tests: none while disabled)
 }
 
 // statusReport is an object's outcome against the status it carries.
@@ -71,7 +73,7 @@ func (w *StatusWriter) SetEnabled(on bool) {
 	w.enabled = on
 	if on {
 		for k := range w.pending {
-			w.q.Add(k)
+			w.enqueue(k)
 		}
 	}
 }
@@ -86,8 +88,13 @@ func (w *StatusWriter) report(key config.Key, r statusReport, gone bool) {
 	}
 	w.pending[key] = r
 	if w.enabled {
-		w.q.Add(key)
+		w.enqueue(key)
 	}
+}
+
+func (w *StatusWriter) enqueue(key config.Key) {
+	w.queued.Add(1)
+	w.q.Add(key)
 }
 
 // run writes statuses until ctx ends.
