@@ -47,13 +47,20 @@ func record(s *Source) *Source {
 	return s
 }
 
+// recorder is the source's recorder, read under the lock Run's Publish sets it under.
+func recorder(s *Source) *sourcetest.Recorder {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.sink.(*sourcetest.Recorder)
+}
+
 // list is the configs the source's events put in force, sorted.
-func list(s *Source) []*config.Config { return s.sink.(*sourcetest.Recorder).List() }
+func list(s *Source) []*config.Config { return recorder(s).List() }
 
 // changes is the keys of each change event the source published.
 func changes(s *Source) []map[config.Key]struct{} {
 	var out []map[config.Key]struct{}
-	for _, ev := range s.sink.(*sourcetest.Recorder).ConfigEvents() {
+	for _, ev := range recorder(s).ConfigEvents() {
 		out = append(out, eventKeys(ev))
 	}
 	return out
@@ -74,7 +81,8 @@ func eventKeys(ev source.ConfigEvent) map[config.Key]struct{} {
 func watch(t *testing.T, s *Source) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	go func() { done <- s.Run(ctx, s.sink) }()
+	sink := recorder(s)
+	go func() { done <- s.Run(ctx, sink) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 }
 
@@ -187,7 +195,7 @@ func TestRunWatchesDirectory(t *testing.T) {
 	// between Run's start and the first write.
 	require.Eventually(t, func() bool {
 		write(t, filepath.Join(dir, "late.yaml"), se("late", 8080))
-		return s.sink.(*sourcetest.Recorder).Get(key) != nil
+		return recorder(s).Get(key) != nil
 	}, 10*time.Second, 50*time.Millisecond)
 }
 
