@@ -157,6 +157,26 @@ func readChanged(file string, had []byte) ([]byte, error) {
 	return readAll()
 }
 
+// read reads files, in walk order: those in reread (every one when it is nil) from the
+// disk, the others as last read. Only a file whose bytes changed is parsed again: a change
+// to one file of a large directory costs that file.
+func (s *Source) read(files []string, reread map[string]bool) []fileRead {
+	reads := make([]fileRead, len(files))
+	for i, file := range files {
+		rel, _ := filepath.Rel(s.dir, file)
+		last, ok := s.parsed[rel]
+		r := fileRead{rel: rel, data: last.data, docs: last.docs}
+		if reread == nil || reread[rel] {
+			r.data, r.err = readChanged(file, r.data)
+		}
+		if r.err == nil && (!ok || !bytes.Equal(last.data, r.data)) {
+			r.docs, r.reparsed = config.ParseFile(rel, r.data), true
+		}
+		reads[i] = r
+	}
+	return reads
+}
+
 // parsedFile remembers a file's bytes and what they parsed to.
 type parsedFile struct {
 	data []byte
