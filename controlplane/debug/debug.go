@@ -19,6 +19,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
+	"github.com/wasmesh/wasmesh/controlplane/source/kube"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
@@ -31,8 +32,10 @@ type Deps struct {
 	// status (may be nil).
 	Configs   pusher.ConfigStore
 	Documents func() []filedir.DocStatus
-	Mesh      *mesh.Watcher // may be nil
-	Registry  registry.Registry
+	// Objects lists the Kubernetes Istio objects and their status (may be nil).
+	Objects  func() []kube.ObjectStatus
+	Mesh     *mesh.Watcher // may be nil
+	Registry registry.Registry
 	// Workloads lists auto-registered workloads; may be nil.
 	Workloads func() []*model.Workload
 	Gatherer  prometheus.Gatherer
@@ -100,6 +103,7 @@ type configEntry struct {
 type configzOut struct {
 	Configs   []configEntry       `json:"configs"`
 	Documents []filedir.DocStatus `json:"documents"`
+	Objects   []kube.ObjectStatus `json:"objects,omitempty"`
 	MeshError string              `json:"meshConfigError,omitempty"`
 	Mesh      json.RawMessage     `json:"meshConfig,omitempty"`
 	Extension any                 `json:"extensions,omitempty"`
@@ -112,6 +116,9 @@ func configz(d Deps) configzOut {
 			spec, _ := protojson.Marshal(c.Spec)
 			out.Configs = append(out.Configs, configEntry{Kind: c.Kind, Namespace: c.Namespace, Name: c.Name, Source: c.Source, Spec: compact(spec)})
 		}
+	}
+	if d.Objects != nil {
+		out.Objects = d.Objects()
 	}
 	if d.Documents != nil {
 		out.Documents = d.Documents()

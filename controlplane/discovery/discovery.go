@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
+	"k8s.io/client-go/rest"
 
 	"github.com/wasmesh/wasmesh/controlplane/debug"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
@@ -32,6 +33,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/source"
 	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
+	"github.com/wasmesh/wasmesh/controlplane/source/kube"
 	"github.com/wasmesh/wasmesh/controlplane/wasmfetch"
 )
 
@@ -57,8 +59,13 @@ type Options struct {
 	// WasmCacheDir is where WasmPlugin modules fetched over http(s) are kept, by sha256
 	// (default: the user cache directory's wasmesh/wasm).
 	WasmCacheDir string
-	// Sources are more config and service sources (Kubernetes), after the directory in
-	// precedence: for one config key, the directory's version wins.
+	// Kube, when set, reaches the Kubernetes API server: its Services, EndpointSlices, Pods
+	// and Istio objects are a source (after the directory: for one config key, the
+	// directory's version wins; for one host, the Kubernetes Service wins over a
+	// ServiceEntry). KubeStatus has this replica write the status of Istio objects.
+	Kube       *rest.Config
+	KubeStatus bool
+	// Sources are more config and service sources, after those in precedence.
 	Sources []source.Source
 }
 
@@ -69,8 +76,10 @@ type Discovery struct {
 	Metrics *metrics.Metrics
 	Reg     *prometheus.Registry
 
-	// Configs is the config directory (nil without one), a source publishing to State.
+	// Configs is the config directory (nil without one), Kube the Kubernetes API server
+	// (nil without one): sources publishing to State.
 	Configs *filedir.Source
+	Kube    *kube.Source
 	Mesh    *mesh.Watcher
 	// State is what snapshots are built from, kept from the sources' events.
 	State   *meshstate.State
@@ -100,6 +109,13 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 	d.Mesh = mw
 	// The directory's configs win over another source's for one key; proxies' workloads come
 	// last.
+	if opts.Kube != nil {
+		if d.Kube, err = kube.New(kube.Options{Config: opts.Kube, Log: log, WriteStatus: opts.KubeStatus}); err != nil {
+			return nil, err
+		}
+		opts.Sources = append([]source.Source{d.Kube}, opts.Sources...)
+		d.opts.Sources = opts.Sources
+	}
 	order := []string{filedir.Name}
 	for _, src := range opts.Sources {
 		order = append(order, src.Name())
@@ -205,6 +221,14 @@ func (d *Discovery) Settled() bool {
 	return d.Pusher.Settled() && d.Server.Idle()
 }
 
+// objects is the Kubernetes Istio objects and their status, none without Kubernetes.
+func (d *Discovery) objects() []kube.ObjectStatus {
+	if d.Kube == nil {
+		return nil
+	}
+	return d.Kube.Status()
+}
+
 // GRPCAddr is the bound xDS address.
 func (d *Discovery) GRPCAddr() string { return d.grpcLis.Addr().String() }
 
@@ -257,7 +281,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 	if d.httpLis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/", debug.Handler(debug.Deps{
-			Pusher: d.Pusher, Server: d.Server, Configs: d.State, Documents: d.documents, Mesh: d.Mesh, Registry: d.State.Registry,
+			Pusher: d.Pusher, Server: d.Server, Configs: d.State, Objects: d.objects, Documents: d.documents, Mesh: d.Mesh, Registry: d.State.Registry,
 			Workloads: d.State.Entries.Workloads, Gatherer: d.Reg, NotInForce: d.State.Entries.NotInForce, Extensions: d.extensionStatus,
 		}))
 		if d.opts.LogLevels != nil {

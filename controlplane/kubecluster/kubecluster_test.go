@@ -2,7 +2,6 @@ package kubecluster_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -15,29 +14,11 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/kubecluster"
 )
 
-// Start returns the cluster, or skips the test when the binaries are not built (a plain
-// `go test`), failing instead under `make test` (WASMESH_REQUIRE_FIXTURES).
-func start(t *testing.T, opts kubecluster.Options) *kubecluster.Cluster {
-	t.Helper()
-	if _, err := kubecluster.BinDir(); err != nil {
-		if os.Getenv("WASMESH_REQUIRE_FIXTURES") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := kubecluster.Start(ctx, opts)
-	require.NoError(t, err)
-	t.Cleanup(c.Stop)
-	return c
-}
-
 // The control plane is real: the service-account controller makes each namespace's
 // default ServiceAccount, and the EndpointSlice controller turns a ready pod behind a
 // Service into an endpoint.
 func TestControllersMakeServiceAccountsAndEndpointSlices(t *testing.T) {
-	c := start(t, kubecluster.Options{ControllerManager: true})
+	c := kubecluster.ForTest(t, kubecluster.Options{ControllerManager: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	kc := c.Client
@@ -83,7 +64,7 @@ func TestControllersMakeServiceAccountsAndEndpointSlices(t *testing.T) {
 
 // The API server can be stopped and started again on the same port and data.
 func TestAPIServerRestarts(t *testing.T) {
-	c := start(t, kubecluster.Options{})
+	c := kubecluster.ForTest(t, kubecluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kept"}}, metav1.CreateOptions{})

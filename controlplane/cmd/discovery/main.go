@@ -4,20 +4,24 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
 
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/source/kube"
 )
 
 func main() {
@@ -75,9 +79,46 @@ func env(opts *discovery.Options) error {
 	return nil
 }
 
+// chooseRegistries sets what discovery serves from, Istio's --registries: Kubernetes (the API
+// server of --kubeconfig, or the pod's own) and File (--configDir). Without the flag, each
+// one it has the means for.
+func chooseRegistries(opts *discovery.Options, registries []string, kubeconfig string) error {
+	useKube := kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != ""
+	useFile := opts.ConfigDir != ""
+	if len(registries) > 0 {
+		useKube, useFile = false, false
+		for _, r := range registries {
+			switch strings.ToLower(strings.TrimSpace(r)) {
+			case "kubernetes":
+				useKube = true
+			case "file":
+				useFile = true
+			default:
+				return fmt.Errorf("--registries: unknown registry %q (want Kubernetes or File)", r)
+			}
+		}
+	}
+	if useFile && opts.ConfigDir == "" {
+		return errors.New("--registries File needs --configDir")
+	}
+	if !useFile {
+		opts.ConfigDir = ""
+	}
+	if useKube {
+		cfg, err := kube.RESTConfig(kubeconfig)
+		if err != nil {
+			return fmt.Errorf("--registries Kubernetes: %w", err)
+		}
+		// One replica for now: it writes the status of Istio objects.
+		opts.Kube, opts.KubeStatus = cfg, true
+	}
+	return nil
+}
+
 func newCommand() *cobra.Command {
 	opts := discovery.Options{Debounce: push.DefaultDebounce(), Server: server.Defaults(), WorkloadGracePeriod: registry.DefaultGracePeriod, ShutdownGrace: 5 * time.Second}
-	var logLevel string
+	var logLevel, kubeconfig string
+	var registries []string
 	cmd := &cobra.Command{
 		Use:   "discovery",
 		Short: "wasmesh xDS control plane: Istio config from a directory, served over ADS",
@@ -105,8 +146,13 @@ PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s).`,
 			if cmd.Flags().Changed("workloadEntryGracePeriod") {
 				opts.WorkloadGracePeriod = flagGrace
 			}
+			if err := chooseRegistries(&opts, registries, kubeconfig); err != nil {
+				return err
+			}
 			opts.LogLevels = levels
 			log := logging.New(cmd.ErrOrStderr(), levels)
+			// client-go logs through klog: into the same log, under its own scope.
+			klog.SetSlogLogger(log.With("scope", "kube"))
 			d, err := discovery.New(opts, log)
 			if err != nil {
 				return err
@@ -118,6 +164,9 @@ PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.ConfigDir, "configDir", "", "directory of Istio YAML configuration, watched for changes")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the Kubernetes API server to serve from (in a pod: its service account)")
+	f.StringSliceVar(&registries, "registries", nil, "what to serve from: Kubernetes, File (--configDir), or both "+
+		"(default: Kubernetes with --kubeconfig or in a pod, File with --configDir)")
 	f.StringVar(&opts.MeshConfigFile, "meshConfig", "", "MeshConfig YAML file (Istio's defaults when empty), watched for changes")
 	f.StringVar(&opts.GRPCAddr, "grpcAddr", ":15010", "address of the xDS gRPC server")
 	f.StringVar(&opts.HTTPAddr, "httpAddr", ":15014", "address of the debug and metrics HTTP server")

@@ -42,34 +42,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// needBinaries skips the test when the Kubernetes binaries are not built (a plain `go
-// test`), failing it instead under `make test` (WASMESH_REQUIRE_FIXTURES).
-func needBinaries(t *testing.T) {
-	t.Helper()
-	if _, err := kubecluster.BinDir(); err != nil {
-		if os.Getenv("WASMESH_REQUIRE_FIXTURES") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-}
-
-// startCluster starts a cluster of the test's own with the Istio CRDs of kinds.
-func startCluster(t *testing.T, opts kubecluster.Options, kinds ...string) *kubecluster.Cluster {
-	t.Helper()
-	needBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := kubecluster.Start(ctx, opts)
-	require.NoError(t, err)
-	t.Cleanup(c.Stop)
-	require.NoError(t, c.InstallIstioCRDs(ctx, kinds...))
-	return c
-}
-
 func sharedCluster(t *testing.T) *kubecluster.Cluster {
 	t.Helper()
-	needBinaries(t)
+	kubecluster.RequireBinaries(t)
 	shared.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()

@@ -24,7 +24,7 @@ import (
 // published for the outage (no delete, no relist churn), and a change made right after the
 // restart arrives.
 func TestAPIServerRestartLosesNothing(t *testing.T) {
-	c := startCluster(t, kubecluster.Options{}, testCRDKinds...)
+	c := kubecluster.ForTest(t, kubecluster.Options{}, testCRDKinds...)
 	kc := c.Client
 	ctx := context.Background()
 	_, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{})
@@ -69,7 +69,7 @@ func TestAPIServerRestartLosesNothing(t *testing.T) {
 // A kind whose CRD is not installed is skipped with one warning; the others are served and
 // the source syncs; once the CRD is installed the kind is watched.
 func TestMissingCRDSkippedThenWatched(t *testing.T) {
-	c := startCluster(t, kubecluster.Options{}, "VirtualService")
+	c := kubecluster.ForTest(t, kubecluster.Options{}, "VirtualService")
 	r := startSource(t, c, Options{IstioKinds: []config.Kind{config.VirtualService, config.Telemetry}})
 	warned := func(l logRecord) bool {
 		return strings.HasPrefix(l.msg, "Istio CRD not installed") && l.attrs["crd"] == "telemetries.telemetry.istio.io"
