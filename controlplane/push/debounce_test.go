@@ -230,6 +230,12 @@ func eds(hs ...string) *Request {
 	return NewEDS(m)
 }
 
+// The defaults are istiod's: a 100 ms quiet period, pushes held at most 10 s, endpoints
+// changes debounced too.
+func TestDefaultDebounceIsIstios(t *testing.T) {
+	assert.Equal(t, DebounceOptions{After: 100 * time.Millisecond, Max: 10 * time.Second, EnableEDS: true}, DefaultDebounce())
+}
+
 // Each change restarts the quiet period: changes 60 ms apart with a 100 ms quiet period are
 // held until 100 ms after the last one, and then pushed as one.
 func TestDebounceQuietPeriodRestartsWithEachChange(t *testing.T) {
@@ -362,4 +368,26 @@ func TestDebounceEDSBypassWaitsForPushInFlight(t *testing.T) {
 	assert.Equal(t, []string{"h2", "h3"}, hosts(r))
 	assert.Empty(t, d.finish())
 	assert.Equal(t, int32(1), d.maxIn.Load(), "pushes in flight at once")
+}
+
+// With no quiet period (PILOT_DEBOUNCE_AFTER=0) every change is pushed as it arrives, with
+// no timer and no time passing; changes that arrive during a push in flight still wait
+// for it and go out merged when it returns.
+func TestDebounceWithoutQuietPeriodPushesAtOnce(t *testing.T) {
+	d := newDebouncer(t, DebounceOptions{After: 0, Max: time.Second, EnableEDS: true}, true)
+	d.send(NewFull(ReasonConfig, key("a")))
+	require.Equal(t, []time.Duration{0}, d.waits(), "pushed as it arrived")
+	assert.Equal(t, []string{"a"}, keys(d.next()))
+
+	d.send(NewFull(ReasonConfig, key("b")))
+	d.send(eds("h1"))
+	require.Len(t, d.waits(), 1, "a push started while another was in flight")
+
+	d.release <- struct{}{}
+	r := d.next()
+	assert.Equal(t, []time.Duration{0, 0}, d.waits())
+	assert.Equal(t, []string{"b"}, keys(r))
+	assert.Equal(t, []string{"h1"}, hosts(r))
+	assert.Empty(t, d.finish())
+	assert.Equal(t, time.Duration(0), d.at(), "the clock never had to move")
 }

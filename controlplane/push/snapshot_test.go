@@ -173,3 +173,61 @@ func TestServicesOnlySnapshotsMatchAFullBuild(t *testing.T) {
 		}
 	}
 }
+
+// Layered changes keep lookups short and changes cheap: however many endpoints-only changes
+// follow each other, no snapshot's endpoints and no host cache sit on more than maxLayers
+// layers, and the flattening that bounds them (a copy of every entry) comes once per
+// maxLayers changes, not with each change.
+func TestLayeredChangesStayBounded(t *testing.T) {
+	reg := servicesWithOneEndpoint(4)
+	snap := Build("v0", nil, nil, reg)
+	cache := NewHostCache[string]()
+	changed := map[string]struct{}{"svc-0.test": {}}
+	epLinks := func(l *epLayer) (n int) {
+		for ; l.parent != nil; l = l.parent {
+			n++
+		}
+		return n
+	}
+	cacheLinks := func(l *hostLayer[string]) (n int) {
+		for ; l.parent != nil; l = l.parent {
+			n++
+		}
+		return n
+	}
+	const changes = 4 * maxLayers
+	epFlat, cacheFlat := 0, 0
+	for i := range changes {
+		reg.endpoints["svc-0.test"] = []*model.Endpoint{{Address: fmt.Sprintf("10.2.0.%d", i)}}
+		snap = snap.WithEndpoints(fmt.Sprintf("v%d", i+1), reg, changed)
+		cache = cache.Without(changed)
+		ep, hc := epLinks(snap.endpoints), cacheLinks(cache.layer)
+		require.LessOrEqual(t, ep, maxLayers, "change %d: endpoints layers", i)
+		require.LessOrEqual(t, hc, maxLayers, "change %d: host cache layers", i)
+		if ep == 0 {
+			epFlat++
+		}
+		if hc == 0 {
+			cacheFlat++
+		}
+		require.Equal(t, reg.endpoints["svc-0.test"], snap.Endpoints("svc-0.test"))
+	}
+	assert.LessOrEqual(t, epFlat, changes/maxLayers, "endpoints flattened")
+	assert.LessOrEqual(t, cacheFlat, changes/maxLayers, "host cache flattened")
+}
+
+// A change of the services of up to a sixteenth of the mesh's hosts derives its snapshot;
+// a larger one builds anew, deriving would cost more than it saves.
+func TestDerivableUpToASixteenthOfTheMesh(t *testing.T) {
+	snap := Build("v0", nil, nil, servicesWithOneEndpoint(32))
+	for _, tc := range []struct {
+		changed int
+		want    bool
+	}{{0, true}, {1, true}, {2, true}, {3, false}, {32, false}} {
+		hosts := map[string]struct{}{}
+		for i := range tc.changed {
+			hosts[fmt.Sprintf("svc-%d.test", i)] = struct{}{}
+		}
+		assert.Equal(t, tc.want, snap.Derivable(hosts), "%d of 32 hosts changed", tc.changed)
+	}
+}
