@@ -3,6 +3,7 @@ package pusher
 import (
 	"hash/maphash"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/wasmesh/wasmesh/controlplane/xds"
@@ -130,12 +131,17 @@ func (ss *subscriptions) change(from *Subscription, add, remove []string) *Subsc
 	}
 	var key string
 	if from != nil {
+		// Each name with its length: names may hold any character, and two different
+		// changes must not spell the same key ("+p-q" is adding "p-q", or adding "p" and
+		// removing "q").
 		var b []byte
 		for _, n := range add {
-			b = append(append(b, '+'), n...)
+			b = append(strconv.AppendInt(append(b, '+'), int64(len(n)), 10), ':')
+			b = append(b, n...)
 		}
 		for _, n := range remove {
-			b = append(append(b, '-'), n...)
+			b = append(strconv.AppendInt(append(b, '-'), int64(len(n)), 10), ':')
+			b = append(b, n...)
 		}
 		key = string(b)
 		ss.mu.Lock()
