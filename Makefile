@@ -35,7 +35,7 @@ export WASMESH_BIN_DIR := $(BIN)
 export WASMESH_WASM_DIR := $(WASM_OUT)
 export WASMESH_AS_FIXTURE := $(AS_FIXTURE)
 
-.PHONY: all build deps tools wasm fixtures kube-bin vet test test-unit test-race mutate bench run clean
+.PHONY: all build deps tools wasm fixtures kube-bin vet test test-unit test-race mutate bench run manifests clean
 
 all: build
 
@@ -135,6 +135,13 @@ bench: build fixtures
 # MESH_PROXY=envoy runs a real Envoy from PATH instead of meshproxy.
 run: build
 	@bin/meshrun
+
+# Kubernetes: Istio's CRDs of the kinds discovery watches, taken from the istio.io/api module
+# it builds with, and controlplane/deploy's manifests, into build/deploy/ for
+# `kubectl apply --server-side -f build/deploy/`. DISCOVERY_IMAGE is the image the Deployment runs.
+DISCOVERY_IMAGE ?= wasmesh/discovery:latest
+manifests:
+	@cd controlplane && $(GO) run ./deploy/cmd/manifests --out $(ROOT)/build/deploy --image $(DISCOVERY_IMAGE)
 
 clean:
 	rm -rf $(BIN) build
