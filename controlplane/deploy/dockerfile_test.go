@@ -49,6 +49,13 @@ func makefileGoRuns(t *testing.T, root string) []goRun {
 	require.NoError(t, os.WriteFile(fake, []byte("#!/bin/sh\nprintf '%s\\t%s %s\\t%s\\n' \"$PWD\" \"${GOOS:+GOOS=$GOOS}\" \"${GOARCH:+GOARCH=$GOARCH}\" \"$*\" >> "+log+"\n"), 0o755))
 	out := filepath.Join(tmp, "out")
 	cmd := exec.Command("make", "--no-print-directory", "-C", root, "build", "GO="+fake, "BIN="+out, "WASM_OUT="+out+"/wasm")
+	// Under `make test` this is a make inside a make: not a job of the outer one, and none of
+	// its command-line variables.
+	for _, e := range os.Environ() {
+		if name, _, _ := strings.Cut(e, "="); name != "MAKEFLAGS" && name != "MFLAGS" && name != "MAKELEVEL" {
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
 	b, err := cmd.CombinedOutput()
 	require.NoError(t, err, "make build with a recording go:\n%s", b)
 	f, err := os.Open(log)
