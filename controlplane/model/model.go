@@ -93,10 +93,13 @@ func (r Resolution) MarshalText() ([]byte, error) { return []byte(r.String()), n
 
 // Port is one port of a service.
 type Port struct {
-	Name       string   `json:"name"`
-	Port       uint32   `json:"port"`
-	TargetPort uint32   `json:"targetPort"` // 0: same as Port
-	Protocol   Protocol `json:"protocol"`
+	Name       string `json:"name"`
+	Port       uint32 `json:"port"`
+	TargetPort uint32 `json:"targetPort"` // 0: same as Port
+	// TargetPortName names the workload's container port instead (a Kubernetes Service's
+	// named targetPort): each pod resolves it through its own ports.
+	TargetPortName string   `json:"targetPortName,omitempty"`
+	Protocol       Protocol `json:"protocol"`
 }
 
 // Service is one host with its ports, from a ServiceEntry (one per host) or another registry.

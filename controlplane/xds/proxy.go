@@ -120,7 +120,12 @@ func NewView(snap *Snapshot, p *model.Proxy) *View {
 			if sp.TargetPort != 0 {
 				port = sp.TargetPort
 			}
-			if n := named[sp.Name]; n != 0 {
+			if sp.TargetPortName != "" {
+				// A Kubernetes Service's named targetPort: the pod's container port of that name.
+				if n := named[sp.TargetPortName]; n != 0 {
+					port = n
+				}
+			} else if n := named[sp.Name]; n != 0 {
 				port = n
 			}
 			in := byPort[port]

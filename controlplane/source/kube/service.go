@@ -59,8 +59,10 @@ func serviceOf(svc *corev1.Service, domain string) *model.Service {
 	}
 	for _, p := range svc.Spec.Ports {
 		mp := model.Port{Name: p.Name, Port: uint32(p.Port), Protocol: portProtocol(p)}
-		if p.TargetPort.IntVal > 0 && svc.Spec.Type != corev1.ServiceTypeExternalName {
-			mp.TargetPort = uint32(p.TargetPort.IntVal) // a named target port is resolved per pod, in its endpoints
+		if svc.Spec.Type != corev1.ServiceTypeExternalName {
+			// A named target port is resolved per pod: in its endpoints, and by its proxy
+			// for its inbound listener.
+			mp.TargetPort, mp.TargetPortName = uint32(p.TargetPort.IntVal), p.TargetPort.StrVal
 		}
 		ms.Ports = append(ms.Ports, mp)
 	}

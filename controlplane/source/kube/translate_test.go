@@ -56,7 +56,7 @@ func TestServiceOf(t *testing.T) {
 	}
 	assert.Equal(t, &model.Service{
 		Hostname: "web.shop.svc.example.org", Namespace: "shop", Name: "web", Addresses: []string{"10.96.0.1", "fd00::1"},
-		Ports:      []model.Port{{Name: "http", Port: 80, Protocol: model.HTTP}, {Name: "grpc", Port: 9090, TargetPort: 9091, Protocol: model.GRPC}},
+		Ports:      []model.Port{{Name: "http", Port: 80, TargetPortName: "web", Protocol: model.HTTP}, {Name: "grpc", Port: 9090, TargetPort: 9091, Protocol: model.GRPC}},
 		Resolution: model.ClientSideLB, ExportTo: []string{".", "istio-system"}, Labels: map[string]string{"app": "web"},
 		WorkloadSelector: map[string]string{"app": "web"}, Source: "kubernetes: Service shop/web",
 	}, serviceOf(svc, "example.org"))
