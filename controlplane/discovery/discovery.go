@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/wasmesh/wasmesh/controlplane/debug"
+	"github.com/wasmesh/wasmesh/controlplane/leader"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
 	"github.com/wasmesh/wasmesh/controlplane/mesh"
 	"github.com/wasmesh/wasmesh/controlplane/meshstate"
@@ -35,6 +36,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
 	"github.com/wasmesh/wasmesh/controlplane/source/kube"
 	"github.com/wasmesh/wasmesh/controlplane/wasmfetch"
+	"github.com/wasmesh/wasmesh/controlplane/webhook"
 )
 
 // Options configure a discovery server.
@@ -62,9 +64,22 @@ type Options struct {
 	// Kube, when set, reaches the Kubernetes API server: its Services, EndpointSlices, Pods
 	// and Istio objects are a source (after the directory: for one config key, the
 	// directory's version wins; for one host, the Kubernetes Service wins over a
-	// ServiceEntry). KubeStatus has this replica write the status of Istio objects.
+	// ServiceEntry). KubeStatus has this replica write the status of Istio objects (without
+	// LeaderElection).
 	Kube       *rest.Config
 	KubeStatus bool
+	// Namespace is discovery's own (POD_NAMESPACE): the Lease, the webhook's CA Secret and
+	// Service are there. Identity names this replica in the Lease (default POD_NAME, else
+	// the hostname).
+	Namespace string
+	Identity  string
+	// LeaderElection, with Kube, elects one replica on a Lease to do what only one may:
+	// write the status of Istio objects and patch the webhook's caBundle. LeaseDuration is
+	// the Lease's (default leader.DefaultLeaseDuration).
+	LeaderElection bool
+	LeaseDuration  time.Duration
+	// Webhook serves the admission webhooks (validation); zero: none.
+	Webhook WebhookOptions
 	// Sources are more config and service sources, after those in precedence.
 	Sources []source.Source
 }
@@ -89,6 +104,13 @@ type Discovery struct {
 	Server *server.Server
 	// Modules fetches and caches WasmPlugin modules.
 	Modules *wasmfetch.Fetcher
+	// Webhook is the admission webhook server (nil without one); Leader elects the replica
+	// doing the singleton work (nil without leader election).
+	Webhook *webhook.Server
+	Leader  *leader.Elector
+
+	webhookCerts webhook.Certs
+	caBundle     *webhook.CABundlePatcher
 
 	grpcLis   net.Listener
 	httpLis   net.Listener
@@ -113,7 +135,9 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 	// The directory's configs win over another source's for one key; proxies' workloads come
 	// last.
 	if opts.Kube != nil {
-		if d.Kube, err = kube.New(kube.Options{Config: opts.Kube, Log: log, WriteStatus: opts.KubeStatus}); err != nil {
+		// With leader election, statuses are written once this replica leads.
+		writeStatus := opts.KubeStatus && !opts.LeaderElection
+		if d.Kube, err = kube.New(kube.Options{Config: opts.Kube, Log: log, WriteStatus: writeStatus}); err != nil {
 			return nil, err
 		}
 		opts.Sources = append([]source.Source{d.Kube}, opts.Sources...)
@@ -160,6 +184,13 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 			d.grpcLis.Close()
 			return nil, fmt.Errorf("httpAddr: %w", err)
 		}
+	}
+	if err := d.singletons(); err != nil {
+		d.grpcLis.Close()
+		if d.httpLis != nil {
+			d.httpLis.Close()
+		}
+		return nil, err
 	}
 	return d, nil
 }
@@ -249,7 +280,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 	defer cancel()
 	defer d.AutoReg.Close()
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
+	errs := make(chan error, 16)
 	goRun := func(name string, f func() error) {
 		wg.Add(1)
 		go func() {
@@ -281,6 +312,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 		grace = 5 * time.Second
 	}
 	goRun("grpc", func() error { return server.Serve(ctx, d.Server.GRPCServer(d.opts.GRPCOptions...), d.grpcLis, grace) })
+	d.runSingletons(ctx, goRun, grace)
 	if d.httpLis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/", debug.Handler(debug.Deps{
@@ -290,6 +322,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 		if d.opts.LogLevels != nil {
 			mux.Handle("/debug/logging", d.opts.LogLevels.Handler())
 		}
+		mux.Handle("/debug/leader", d.leaderHandler())
 		h := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		goRun("http", func() error {
 			errc := make(chan error, 1)
@@ -308,7 +341,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	d.log.Info("discovery serving", "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "configDir", d.configDir)
+	d.log.Info("discovery serving", "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "webhook", d.WebhookAddr(), "configDir", d.configDir)
 	wg.Wait()
 	close(errs)
 	var all []error

@@ -14,14 +14,17 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/leader"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/source/kube"
+	"github.com/wasmesh/wasmesh/controlplane/webhook"
 )
 
 func main() {
@@ -109,14 +112,36 @@ func chooseRegistries(opts *discovery.Options, registries []string, kubeconfig s
 		if err != nil {
 			return fmt.Errorf("--registries Kubernetes: %w", err)
 		}
-		// One replica for now: it writes the status of Istio objects.
+		// Replicas elect the one that writes the status of Istio objects (and patches the
+		// webhook's caBundle); with --leaderElect=false, this one does.
 		opts.Kube, opts.KubeStatus = cfg, true
 	}
 	return nil
 }
 
+// podNamespace is discovery's namespace when --namespace is not given: POD_NAMESPACE, else
+// istiod's default.
+func podNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return "istio-system"
+}
+
+// chooseWebhook leaves the webhook server on its default address only where it can have
+// certificates: from --webhookCertDir, or generated with the API server's help.
+func chooseWebhook(cmd *cobra.Command, opts *discovery.Options) {
+	if opts.Kube == nil && opts.Webhook.CertDir == "" && !cmd.Flags().Changed("webhookAddr") {
+		opts.Webhook.Addr = ""
+	}
+	if opts.Kube == nil {
+		opts.LeaderElection = false
+	}
+}
+
 func newCommand() *cobra.Command {
-	opts := discovery.Options{Debounce: push.DefaultDebounce(), Server: server.Defaults(), WorkloadGracePeriod: registry.DefaultGracePeriod, ShutdownGrace: 5 * time.Second}
+	opts := discovery.Options{Debounce: push.DefaultDebounce(), Server: server.Defaults(), WorkloadGracePeriod: registry.DefaultGracePeriod, ShutdownGrace: 5 * time.Second,
+		Identity: leader.Identity()}
 	var logLevel, kubeconfig string
 	var registries []string
 	cmd := &cobra.Command{
@@ -127,9 +152,16 @@ Istio kinds) from --configDir, watches it, and serves CDS, EDS, LDS, RDS and ECD
 proxies over ADS (State of the World and Delta) on --grpcAddr. Proxies that connect with
 workload metadata are registered as endpoints of the ServiceEntries that select them.
 
+On Kubernetes (--kubeconfig, or in a pod) it also serves the Istio objects of the API
+server, validates them at apply time (the admission webhook on --webhookAddr, /validate),
+and runs as several replicas: one, elected on a Lease in --namespace, writes the objects'
+status and keeps the caBundle of --validationWebhookConfigName current.
+
 Environment (istiod's names): PILOT_DEBOUNCE_AFTER (100ms), PILOT_DEBOUNCE_MAX (10s),
 PILOT_ENABLE_EDS_DEBOUNCE (true), PILOT_PUSH_THROTTLE (100), PILOT_XDS_SEND_TIMEOUT (5s),
-PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s).`,
+PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s);
+POD_NAMESPACE (--namespace's default), POD_NAME (this replica's name in the Lease; else
+the hostname).`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: false,
@@ -149,6 +181,7 @@ PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s).`,
 			if err := chooseRegistries(&opts, registries, kubeconfig); err != nil {
 				return err
 			}
+			chooseWebhook(cmd, &opts)
 			opts.LogLevels = levels
 			log := logging.New(cmd.ErrOrStderr(), levels)
 			// client-go logs through klog: into the same log, under its own scope.
@@ -174,7 +207,24 @@ PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s).`,
 	f.DurationVar(&opts.WorkloadGracePeriod, "workloadEntryGracePeriod", registry.DefaultGracePeriod, "how long a disconnected auto-registered proxy stays an endpoint (env PILOT_WORKLOAD_ENTRY_GRACE_PERIOD)")
 	f.DurationVar(&opts.ShutdownGrace, "shutdownGrace", 5*time.Second, "how long open streams get to finish on shutdown")
 	f.StringVar(&opts.WasmCacheDir, "wasmCacheDir", "", "where WasmPlugin modules fetched over http(s) are kept by sha256 (default: <user cache dir>/wasmesh/wasm)")
+	addKubeFlags(f, &opts)
 	f.DurationVar(&opts.Server.ReconnectWindow, "reconnectWindow", opts.Server.ReconnectWindow,
 		"after start, proxies resuming with their last config get no updates for this long, while the others reconnect and register")
 	return cmd
+}
+
+// addKubeFlags adds the flags of discovery's namespace, leader election and webhook server.
+func addKubeFlags(f *pflag.FlagSet, opts *discovery.Options) {
+	f.StringVarP(&opts.Namespace, "namespace", "n", podNamespace(), "discovery's namespace, holding its Lease, webhook CA Secret and Service ($POD_NAMESPACE when set)")
+	f.BoolVar(&opts.LeaderElection, "leaderElect", true, "on Kubernetes, elect one replica on a Lease to write the status of Istio objects and patch the webhook caBundle "+
+		"(false: this replica does both)")
+	f.DurationVar(&opts.LeaseDuration, "leaseDuration", leader.DefaultLeaseDuration, "how long the leader's Lease holds unrenewed: a leader that dies is replaced within about that long")
+	w := &opts.Webhook
+	f.StringVar(&w.Addr, "webhookAddr", webhook.DefaultAddr, "address of the admission webhook server (TLS; /validate); empty: none")
+	f.StringVar(&w.CertDir, "webhookCertDir", "", "directory with the webhook's tls.crt, tls.key and ca.crt, reloaded on change "+
+		"(default: a certificate signed by a CA kept in a Secret of discovery's namespace, shared by every replica)")
+	f.StringVar(&w.ServiceName, "webhookServiceName", webhook.DefaultServiceName, "the webhook Service, whose DNS names the generated certificate holds")
+	f.StringSliceVar(&w.Hosts, "webhookCertHosts", nil, "more DNS names or IP addresses for the generated certificate (a webhook configuration calling discovery by URL)")
+	f.StringVar(&w.ConfigName, "validationWebhookConfigName", webhook.DefaultValidatingConfig,
+		"the ValidatingWebhookConfiguration whose webhooks' caBundle discovery keeps current (the manifests create it); empty: none")
 }

@@ -30,16 +30,22 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// TestBinaryServesAndShutsDownGracefully runs the real binary: flags, environment, config
-// directory, xDS, debug HTTP, and SIGTERM.
-func TestBinaryServesAndShutsDownGracefully(t *testing.T) {
-	// make test builds bin/discovery first; otherwise build it here.
+// binary is bin/discovery, which make test builds first; otherwise it is built here.
+func binary(t *testing.T) string {
+	t.Helper()
 	bin := filepath.Join(os.Getenv("WASMESH_BIN_DIR"), "discovery")
 	if _, err := os.Stat(bin); os.Getenv("WASMESH_BIN_DIR") == "" || err != nil {
 		bin = filepath.Join(t.TempDir(), "discovery")
 		out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 		require.NoError(t, err, string(out))
 	}
+	return bin
+}
+
+// TestBinaryServesAndShutsDownGracefully runs the real binary: flags, environment, config
+// directory, xDS, debug HTTP, and SIGTERM.
+func TestBinaryServesAndShutsDownGracefully(t *testing.T) {
+	bin := binary(t)
 
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(`

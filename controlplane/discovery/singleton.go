@@ -1,0 +1,169 @@
+package discovery
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/wasmesh/wasmesh/controlplane/leader"
+	"github.com/wasmesh/wasmesh/controlplane/webhook"
+)
+
+// WebhookOptions configure the admission webhook server.
+type WebhookOptions struct {
+	// Addr serves the webhooks over TLS, e.g. ":15017"; empty: no webhook server.
+	Addr string
+	// CertDir holds tls.crt, tls.key and ca.crt (reloaded when they change); empty: a
+	// certificate is generated, signed by a CA shared through a Secret (needs Kube).
+	CertDir string
+	// ServiceName is the webhook Service whose names a generated certificate holds; Hosts are
+	// more names or addresses for it. CASecret names the CA Secret (default
+	// webhook.DefaultCASecret), CertTTL the certificate's lifetime (renewed at two thirds).
+	ServiceName string
+	Hosts       []string
+	CASecret    string
+	CertTTL     time.Duration
+	// ConfigName is the ValidatingWebhookConfiguration whose webhooks' caBundle discovery
+	// keeps (the leader, with LeaderElection); empty: none.
+	ConfigName string
+}
+
+// kubeClient is a clientset on Options.Kube, for the webhook's CA and configuration and the
+// Lease.
+func (d *Discovery) kubeClient() (kubernetes.Interface, error) {
+	if d.opts.Kube == nil {
+		return nil, nil
+	}
+	kc, err := kubernetes.NewForConfig(d.opts.Kube)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client for %s: %w", d.opts.Kube.Host, err)
+	}
+	return kc, nil
+}
+
+// singletons sets up the webhook server and the work only one replica does: with leader
+// election, the elected replica patches the webhook's caBundle and writes the status of
+// Istio objects; without, this replica does (statuses as KubeStatus says).
+func (d *Discovery) singletons() error {
+	kc, err := d.kubeClient()
+	if err != nil {
+		return err
+	}
+	if err := d.webhook(kc); err != nil {
+		return err
+	}
+	if !d.opts.LeaderElection || kc == nil {
+		return nil
+	}
+	if d.Leader, err = leader.New(leader.Options{Client: kc, Namespace: d.opts.Namespace, Identity: d.opts.Identity,
+		LeaseDuration: d.opts.LeaseDuration, Log: d.log, Registerer: d.Reg}); err != nil {
+		return err
+	}
+	if d.Kube != nil {
+		w := d.Kube.StatusWriter()
+		d.Leader.Add("statusWriter", func(ctx context.Context) {
+			w.SetEnabled(true)
+			<-ctx.Done()
+			w.SetEnabled(false)
+		})
+	}
+	if d.caBundle != nil {
+		d.Leader.Add("webhookCABundle", d.caBundle.Run)
+	}
+	return nil
+}
+
+// webhook binds the webhook server with /validate, and sets up its certificates and the
+// caBundle patcher.
+func (d *Discovery) webhook(kc kubernetes.Interface) error {
+	o := d.opts.Webhook
+	if o.Addr == "" {
+		return nil
+	}
+	log := d.log.With("scope", "webhook")
+	switch {
+	case o.CertDir != "":
+		fc, err := webhook.NewFileCerts(o.CertDir, d.log)
+		if err != nil {
+			return err
+		}
+		d.webhookCerts = fc
+	case kc != nil:
+		gc, err := webhook.NewGeneratedCerts(webhook.GenerateOptions{Client: kc, Namespace: d.opts.Namespace, SecretName: o.CASecret,
+			ServiceName: o.ServiceName, Hosts: o.Hosts, TTL: o.CertTTL, Log: d.log})
+		if err != nil {
+			return err
+		}
+		d.webhookCerts = gc
+	default:
+		log.Warn("no webhook server: it needs certificates from webhookCertDir, or the Kubernetes API server to keep a CA in",
+			"webhookAddr", o.Addr)
+		return nil
+	}
+	if o.ConfigName != "" && kc != nil {
+		p, err := webhook.NewCABundlePatcher(webhook.PatcherOptions{Client: kc, Name: o.ConfigName, Certs: d.webhookCerts, Log: d.log, Registerer: d.Reg})
+		if err != nil {
+			return err
+		}
+		d.caBundle = p
+	}
+	v, err := webhook.NewValidator(d.log, d.Reg)
+	if err != nil {
+		return err
+	}
+	if d.Webhook, err = webhook.New(webhook.Options{Addr: o.Addr, Certs: d.webhookCerts, Log: d.log, Registerer: d.Reg}); err != nil {
+		return err
+	}
+	d.Webhook.HandleAdmission(webhook.ValidatePath, v.Admit)
+	return nil
+}
+
+// WebhookAddr is the bound webhook address ("" without a webhook server).
+func (d *Discovery) WebhookAddr() string {
+	if d.Webhook == nil {
+		return ""
+	}
+	return d.Webhook.Addr()
+}
+
+// runSingletons starts the webhook server, its certificates and the singleton work, under
+// goRun.
+func (d *Discovery) runSingletons(ctx context.Context, goRun func(string, func() error), grace time.Duration) {
+	if d.Webhook != nil {
+		goRun("webhookCerts", func() error { return d.webhookCerts.Run(ctx) })
+		goRun("webhook", func() error { return d.Webhook.Run(ctx, grace) })
+	}
+	switch {
+	case d.Leader != nil:
+		goRun("leaderElection", func() error { return d.Leader.Run(ctx) })
+	case d.caBundle != nil:
+		goRun("webhookCABundle", func() error { d.caBundle.Run(ctx); return nil })
+	}
+}
+
+// leaderHandler serves /debug/leader: the Lease and who holds it, or, without leader
+// election, that this replica does the singleton work itself.
+func (d *Discovery) leaderHandler() http.Handler {
+	if d.Leader != nil {
+		return d.Leader.Handler()
+	}
+	id := d.opts.Identity
+	if id == "" {
+		id = leader.Identity()
+	}
+	st := leader.Status{Identity: id, Leading: true, Leader: id, Tasks: []string{}}
+	if d.caBundle != nil {
+		st.Tasks = append(st.Tasks, "webhookCABundle")
+	}
+	if d.Kube != nil && d.opts.KubeStatus {
+		st.Tasks = append(st.Tasks, "statusWriter")
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st)
+	})
+}
