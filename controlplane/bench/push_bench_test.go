@@ -250,7 +250,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	}
 	require.NoError(b, os.WriteFile(filepath.Join(dir, "services.yaml"), []byte(cfg), 0o644))
 	bytes := &ByteCounter{}
-	opts := discovery.Options{ConfigDir: dir, GRPCAddr: "127.0.0.1:0", Server: server.Defaults(), WorkloadGracePeriod: time.Minute,
+	opts := discovery.Options{ConfigDir: dir, GRPCAddr: "127.0.0.1:0", Debounce: push.DefaultDebounce(), Server: server.Defaults(), WorkloadGracePeriod: time.Minute,
 		ShutdownGrace: time.Second, GRPCOptions: []grpc.ServerOption{grpc.StatsHandler(bytes)}}
 	// Admission control paces reconnect storms; the benchmark measures pushes, not that.
 	opts.Server.ConnectRate = 0
