@@ -40,6 +40,49 @@ type fakeGenerator struct {
 	snap     *xds.Snapshot
 	clusters *xds.Resources
 	proxies  []*fakeProxy
+
+	// gate, when set, holds every push (a Resources call for a snapshot) until it is closed;
+	// inFlight and most count the pushes held at once.
+	gate           chan struct{}
+	inFlight, most int
+}
+
+// hold makes pushes wait at the gate until release is called (at the latest when the test
+// ends, so that a failed test does not leave the server's workers waiting).
+func (g *fakeGenerator) hold(t *testing.T) (release func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gate := make(chan struct{})
+	g.gate = gate
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// held is the number of pushes waiting at the gate now, and the most there were at once.
+func (g *fakeGenerator) held() (now, most int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.inFlight, g.most
+}
+
+// pass is a push going through the gate.
+func (g *fakeGenerator) pass() {
+	g.mu.Lock()
+	gate := g.gate
+	if gate != nil {
+		g.inFlight++
+		g.most = max(g.most, g.inFlight)
+	}
+	g.mu.Unlock()
+	if gate == nil {
+		return
+	}
+	<-gate
+	g.mu.Lock()
+	g.inFlight--
+	g.mu.Unlock()
 }
 
 func newFakeGenerator(version string, clusters ...string) *fakeGenerator {
@@ -145,6 +188,8 @@ func (p *fakeProxy) Resources(typ string, snap *xds.Snapshot) (*xds.Resources, s
 	p.g.mu.Unlock()
 	if snap == nil {
 		snap = cur
+	} else {
+		p.g.pass()
 	}
 	if typ != xds.ClusterType {
 		return xds.NewResources(nil), snap.Version
@@ -164,15 +209,23 @@ func (p *fakeProxy) Close() {
 // serveFake runs a server over the fake generator and returns an ADS client.
 func serveFake(t *testing.T, g *fakeGenerator) discoverygrpc.AggregatedDiscoveryServiceClient {
 	t.Helper()
+	_, ads := serveWith(t, server.Defaults(), server.Deps{Generator: g})
+	return ads
+}
+
+// serveWith runs a server with opts and deps until the test ends, and returns it with an
+// ADS client (dialled with dial's options too).
+func serveWith(t *testing.T, opts server.Options, deps server.Deps, dial ...grpc.DialOption) (*server.Server, discoverygrpc.AggregatedDiscoveryServiceClient) {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := server.New(log, metrics.New(prometheus.NewRegistry()), server.Defaults(), server.Deps{Generator: g})
+	srv := server.New(log, metrics.New(prometheus.NewRegistry()), opts, deps)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	ran, served := make(chan struct{}), make(chan error, 1)
 	go func() { srv.Run(ctx); close(ran) }()
 	go func() { served <- server.Serve(ctx, srv.GRPCServer(), lis, time.Second) }()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(lis.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		cc.Close()
@@ -180,7 +233,7 @@ func serveFake(t *testing.T, g *fakeGenerator) discoverygrpc.AggregatedDiscovery
 		<-ran
 		require.NoError(t, <-served)
 	})
-	return discoverygrpc.NewAggregatedDiscoveryServiceClient(cc)
+	return srv, discoverygrpc.NewAggregatedDiscoveryServiceClient(cc)
 }
 
 func fakeNode() *core.Node {
@@ -246,6 +299,7 @@ func TestServerSendsWhatItsGeneratorGives(t *testing.T) {
 		resp, err = st.Recv()
 		require.NoError(t, err)
 		assert.Equal(t, []string{"a"}, deltaNames(t, resp.GetResources()))
+		assert.Empty(t, resp.GetRemovedResources(), "b was unsubscribed, not removed")
 		assert.Equal(t, "v4", resp.GetSystemVersionInfo())
 		require.NoError(t, st.CloseSend())
 		require.Eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.closed }, 5*time.Second, time.Millisecond,

@@ -88,8 +88,9 @@ type testMesh struct {
 }
 
 // newMesh is the one place that knows how a server is built (as discovery.New assembles
-// it): when the construction API changes, only this function does.
-func newMesh(t *testing.T) *testMesh {
+// it): when the construction API changes, only this function does. tune, if given, changes
+// the server's options.
+func newMesh(t *testing.T, tune ...func(*server.Options)) *testMesh {
 	t.Helper()
 	var logOut io.Writer = io.Discard
 	if os.Getenv("WASMESH_TEST_LOG") != "" {
@@ -108,6 +109,9 @@ func newMesh(t *testing.T) *testMesh {
 	opts := server.Defaults()
 	// Tests reconnect at once on purpose; they are not proxies coming back after a restart.
 	opts.ReconnectWindow = 0
+	for _, f := range tune {
+		f(&opts)
+	}
 	m.srv = server.New(log, m.metrics, opts, server.Deps{Generator: server.Pushes(m.pusher)})
 	// The first workloads come before the directory has synced: they are in the first
 	// snapshot, and nothing is pushed for them.
