@@ -17,9 +17,10 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/kubenode"
 )
 
-// loop keeps a shell container running; on SIGTERM it runs onTerm and exits 0.
+// loop keeps a shell container running; on SIGTERM it runs onTerm at once (the shell
+// waits on a background sleep, which a signal interrupts) and exits 0.
 func loop(start, onTerm string) string {
-	return start + "; trap '" + onTerm + "; exit 0' TERM; while true; do sleep 0.1; done"
+	return start + "; trap '" + onTerm + "; exit 0' TERM; while true; do sleep 3600 & wait $!; done"
 }
 
 // An init container runs to completion first; a native sidecar starts next and the app
@@ -39,11 +40,11 @@ func testOrder(e *env) {
 	first := shell("first", loop(ev("first-start"), ev("first-term")+"; sleep 0.5; "+ev("first-exit")))
 	first.Lifecycle = &corev1.Lifecycle{
 		PostStart: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", ev("hook-start") + "; sleep 1; " + ev("hook-end")}}},
-		PreStop:   &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", ev("prestop")}}},
+		PreStop:   &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", "sleep 0.5; " + ev("prestop")}}},
 	}
 	second := shell("second", loop(ev("second-start"), ev("second-term")))
 	containers := []*corev1.Container{&sidecar, &first, &second}
-	initC := shell("init", ev("init"))
+	initC := shell("init", "sleep 0.5; "+ev("init")) // long enough for a sidecar started beside it to write first
 	containers = append(containers, &initC)
 	for _, c := range containers {
 		c.VolumeMounts = []corev1.VolumeMount{{Name: "ev", MountPath: "/ev"}}
@@ -84,12 +85,18 @@ func testGracePeriod(e *env) {
 	defer w.Stop()
 	require.NoError(t, e.kc.CoreV1().Pods(e.ns).Delete(e.ctx, "stubborn", metav1.DeleteOptions{}))
 	var last *corev1.Pod
-	for ev := range w.ResultChan() {
-		if p, ok := ev.Object.(*corev1.Pod); ok {
-			last = p
-		}
-		if ev.Type == watch.Deleted {
-			break
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	for deleted := false; !deleted; {
+		select {
+		case ev, ok := <-w.ResultChan():
+			require.True(t, ok, "the watch ended")
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				last = p
+			}
+			deleted = ev.Type == watch.Deleted
+		case <-deadline.C:
+			t.Fatalf("the pod is not gone a minute after its deletion with a grace period of 1s; processes %v", e.processesOf("stubborn"))
 		}
 	}
 	require.NotNil(t, last)
