@@ -43,6 +43,8 @@ type setup struct {
 	// badBootstraps is how many epochs, from the first, get a bootstrap meshproxy rejects
 	// (they exit with an error at once).
 	badBootstraps int
+	// badStart, when set, is the one start (1 for the first) whose bootstrap is rejected.
+	badStart int
 }
 
 // start runs a supervisor over meshproxy, configured by a discovery of the test's own.
@@ -66,7 +68,7 @@ func start(t *testing.T, s setup) *rig {
 		Bootstrap: func() ([]byte, error) {
 			renderMu.Lock()
 			defer renderMu.Unlock()
-			if rendered++; rendered <= s.badBootstraps {
+			if rendered++; rendered <= s.badBootstraps || rendered == s.badStart {
 				return []byte("{not a bootstrap"), nil
 			}
 			return render()
@@ -110,7 +112,7 @@ type recorder struct {
 
 type run struct {
 	epoch        int
-	at           time.Time
+	at, exitedAt time.Time
 	live, exited bool
 }
 
@@ -126,7 +128,7 @@ func (r *recorder) Run(abort context.Context, config string, epoch int, ready fu
 		r.mu.Unlock()
 	})
 	r.mu.Lock()
-	r.runs[i].exited = true
+	r.runs[i].exited, r.runs[i].exitedAt = true, time.Now()
 	r.mu.Unlock()
 	return err
 }
@@ -246,4 +248,44 @@ func TestHotRestartingUntilTheNewEpochIsLive(t *testing.T) {
 	require.Eventually(t, r.live(1), 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return !r.sup.HotRestarting() }, 5*time.Second, 5*time.Millisecond,
 		"epoch 1 is live: the hot restart is over")
+}
+
+// A proxy that exits on its own without an error (/quitquitquit) leaves nothing to
+// supervise: Run ends with ErrProxyExited, and nothing is started again.
+func TestAProxyThatQuitsEndsTheSupervisor(t *testing.T) {
+	r := start(t, setup{retry: supervisor.DefaultRetry()})
+	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"))
+	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, r.admin.Quit(ctx))
+	select {
+	case err := <-r.done:
+		require.ErrorIs(t, err, supervisor.ErrProxyExited)
+		r.done <- err // for the cleanup
+	case <-time.After(20 * time.Second):
+		t.Fatal("the supervisor kept running")
+	}
+	assert.Len(t, r.proxy.starts(), 1)
+}
+
+// The default retry policy is pilot-agent's: 10 retries, the first after 200 ms.
+func TestDefaultRetryIsPilotAgents(t *testing.T) {
+	assert.Equal(t, supervisor.Retry{MaxRetries: 10, InitialInterval: 200 * time.Millisecond}, supervisor.DefaultRetry())
+}
+
+// An epoch that fails while an older one still serves takes the whole chain down; the retry
+// waits until the aborted epochs are gone, then starts over from epoch 0 with the config
+// in force.
+func TestAFailedEpochRestartsTheChainOnceTheOthersAreGone(t *testing.T) {
+	r := start(t, setup{retry: supervisor.Retry{MaxRetries: 3, InitialInterval: time.Millisecond}, badStart: 2})
+	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"))
+	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.sup.Apply(context.Background(), "certs-v2")) // epoch 1 fails on its bootstrap
+	require.Eventually(t, func() bool { return len(r.proxy.starts()) == 3 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond)
+	starts := r.proxy.starts()
+	assert.Equal(t, []int{0, 1, 0}, []int{starts[0].epoch, starts[1].epoch, starts[2].epoch})
+	require.True(t, starts[0].exited, "the first epoch was aborted")
+	assert.False(t, starts[2].at.Before(starts[0].exitedAt), "epoch 0 starts again only once the aborted one is gone")
 }
