@@ -50,7 +50,7 @@ func TestServicePodsAndControllerSlices(t *testing.T) {
 	assert.Len(t, svc.Addresses, 1)
 	assert.Equal(t, []model.Port{
 		{Name: "dns", Port: 53, TargetPort: 5353, Protocol: model.UDP},
-		{Name: "http-web", Port: 80, Protocol: model.HTTP},
+		{Name: "http-web", Port: 80, TargetPortName: "web", Protocol: model.HTTP},
 		{Name: "db", Port: 3306, TargetPort: 3306, Protocol: model.MySQL},
 		{Name: "grpc", Port: 9090, TargetPort: 9090, Protocol: model.GRPC},
 	}, svc.Ports)
