@@ -1,6 +1,7 @@
 package drain_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -25,6 +26,8 @@ type fakeAdmin struct {
 	counts []int
 	posts  []string
 	polls  int
+	// drainFails makes the drain request fail (a 503).
+	drainFails bool
 }
 
 func (f *fakeAdmin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -32,6 +35,9 @@ func (f *fakeAdmin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer f.mu.Unlock()
 	if r.Method == http.MethodPost {
 		f.posts = append(f.posts, r.URL.RequestURI())
+		if f.drainFails {
+			http.Error(w, "no admin", http.StatusServiceUnavailable)
+		}
 		return
 	}
 	n := f.counts[min(f.polls, len(f.counts)-1)]
@@ -51,6 +57,15 @@ func (f *fakeAdmin) seen() ([]string, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]string(nil), f.posts...), f.polls
+}
+
+// serve serves fa over HTTP for the test and returns an admin client of it.
+func serve(t *testing.T, fa *fakeAdmin) *admin.Client {
+	srv := httptest.NewServer(fa)
+	t.Cleanup(srv.Close)
+	a := admin.New(strings.TrimPrefix(srv.URL, "http://"), time.Second)
+	t.Cleanup(func() { a.Close() })
+	return a
 }
 
 // A terminating sidecar drains its inbound listeners, then waits: the fixed drain duration,
@@ -87,10 +102,7 @@ func TestDrainWaitsAsThePolicySays(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			fa := &fakeAdmin{counts: tc.counts}
-			srv := httptest.NewServer(fa)
-			defer srv.Close()
-			a := admin.New(strings.TrimPrefix(srv.URL, "http://"), time.Second)
-			defer a.Close()
+			a := serve(t, fa)
 			ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
 			defer cancel()
 			start := time.Now()
@@ -104,6 +116,29 @@ func TestDrainWaitsAsThePolicySays(t *testing.T) {
 				assert.Equal(t, tc.polls, polls, "connection polls")
 			}
 			assert.GreaterOrEqual(t, took, tc.atLeast)
+		})
+	}
+}
+
+// A drain request the proxy refuses is logged as a warning and the wait goes on as the
+// policy says; one that succeeds logs no warning.
+func TestFailedListenerDrainIsLoggedAndTheWaitGoesOn(t *testing.T) {
+	for _, fails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("drain fails %v", fails), func(t *testing.T) {
+			fa := &fakeAdmin{counts: []int{0}, drainFails: fails}
+			a := serve(t, fa)
+			var warnings bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&warnings, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			start := time.Now()
+			drain.Run(context.Background(), a, drain.Policy{TerminationDrainDuration: 30 * time.Millisecond}, log)
+			assert.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "the drain duration is waited for")
+			posts, _ := fa.seen()
+			assert.Len(t, posts, 1, "the drain was requested")
+			if fails {
+				assert.Contains(t, warnings.String(), "drain listeners failed")
+			} else {
+				assert.Empty(t, warnings.String())
+			}
 		})
 	}
 }
