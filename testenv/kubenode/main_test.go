@@ -23,6 +23,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if kubeconfig := os.Getenv(envChildNode); kubeconfig != "" {
+		runChildNode(kubeconfig) // never returns
+	}
 	switch os.Getenv(envInNetns) {
 	case "":
 		code, err := runInNetns()

@@ -67,6 +67,7 @@ func TestNodeOnARealControlPlane(t *testing.T) {
 	t.Run("UnknownImage", func(t *testing.T) { testUnknownImage(e.namespace(t, "images")) })
 	t.Run("MissingConfigMap", func(t *testing.T) { testMissingConfigMap(e.namespace(t, "late")) })
 	t.Run("Probes", func(t *testing.T) { testProbes(e.namespace(t, "probes")) })
+	t.Run("ProcessesDieWithTheNode", func(t *testing.T) { testNodeDeath(e.namespace(t, "death")) })
 	t.Run("CloseLeavesNothing", func(t *testing.T) { testClose(e.namespace(t, "close"), bin) })
 }
 
