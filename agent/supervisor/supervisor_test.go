@@ -33,6 +33,7 @@ type rig struct {
 	dir       string
 	discovery *proxytest.Discovery
 	stderr    *proxytest.Output // the proxies' logs
+	log       *proxytest.Output // the supervisor's
 	done      chan error
 	cancel    context.CancelFunc
 }
@@ -79,9 +80,10 @@ func start(t *testing.T, s setup) *rig {
 	require.NoError(t, err)
 	rec := &recorder{Proxy: p}
 	reg := prometheus.NewRegistry()
-	sup := supervisor.New(rec, s.retry, slog.New(slog.NewTextHandler(testWriter{t}, nil)), reg)
+	log := &proxytest.Output{}
+	sup := supervisor.New(rec, s.retry, slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, log), nil)), reg)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &rig{sup: sup, admin: ac, reg: reg, proxy: rec, dir: dir, discovery: disc, stderr: stderr,
+	r := &rig{sup: sup, admin: ac, reg: reg, proxy: rec, dir: dir, discovery: disc, stderr: stderr, log: log,
 		done: make(chan error, 1), cancel: cancel}
 	go func() { r.done <- sup.Run(ctx) }()
 	t.Cleanup(func() {
@@ -288,4 +290,29 @@ func TestAFailedEpochRestartsTheChainOnceTheOthersAreGone(t *testing.T) {
 	assert.Equal(t, []int{0, 1, 0}, []int{starts[0].epoch, starts[1].epoch, starts[2].epoch})
 	require.True(t, starts[0].exited, "the first epoch was aborted")
 	assert.False(t, starts[2].at.Before(starts[0].exitedAt), "epoch 0 starts again only once the aborted one is gone")
+}
+
+// A new config that arrives while a failed proxy waits for its retry starts the proxy at
+// once; the retry, when its time comes, finds the config applied and starts nothing more.
+func TestNewConfigDuringTheBackoffStartsOnce(t *testing.T) {
+	r := start(t, setup{retry: supervisor.Retry{MaxRetries: 3, InitialInterval: 300 * time.Millisecond}, badBootstraps: 1})
+	require.NoError(t, r.sup.Apply(context.Background(), "certs-v1"))
+	require.Eventually(t, func() bool { return r.gauge(t, "wasmesh_agent_proxy_retry_budget") == 2 },
+		10*time.Second, 5*time.Millisecond, "the failed start spends one retry")
+	require.NoError(t, r.sup.Apply(context.Background(), "certs-v2"))
+	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond, "the new config starts the proxy")
+	require.Eventually(t, func() bool { return strings.Contains(r.log.String(), "desired configuration is already applied") },
+		10*time.Second, 10*time.Millisecond, "the retry comes due")
+	starts := r.proxy.starts()
+	require.Len(t, starts, 2, "the failed start and the new config's; the retry started nothing")
+	assert.False(t, starts[1].exited)
+	assert.True(t, r.live(0)())
+}
+
+// The desired configuration is an opaque value: the empty one starts the proxy too.
+func TestAnEmptyConfigStartsTheProxy(t *testing.T) {
+	r := start(t, setup{retry: supervisor.DefaultRetry()})
+	require.NoError(t, r.sup.Apply(context.Background(), ""))
+	require.Eventually(t, r.live(0), 10*time.Second, 10*time.Millisecond)
+	assert.Len(t, r.proxy.starts(), 1)
 }
