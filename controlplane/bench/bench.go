@@ -1,6 +1,7 @@
 // Package bench measures pushes at scale: discovery and a go-control-plane SnapshotCache
 // baseline serve the same resources to the same load clients (cmd/xdsload, a separate
-// process on loopback gRPC). The benchmarks live in push_bench_test.go.
+// process on loopback gRPC). The benchmarks live in push_bench_test.go, and the Kubernetes
+// source's (discovery as a process on a real API server) in kube_bench_test.go.
 package bench
 
 import (
@@ -97,17 +98,21 @@ type Loader struct {
 }
 
 // LoaderBinary finds xdsload: $WASMESH_BIN_DIR/xdsload when make built it, else go build.
-func LoaderBinary(tmp string) (string, error) {
+func LoaderBinary(tmp string) (string, error) { return Binary(tmp, "xdsload") }
+
+// Binary finds the command controlplane/cmd/<name>: $WASMESH_BIN_DIR/<name> when make built
+// it, else go build into tmp.
+func Binary(tmp, name string) (string, error) {
 	if dir := os.Getenv("WASMESH_BIN_DIR"); dir != "" {
-		p := filepath.Join(dir, "xdsload")
+		p := filepath.Join(dir, name)
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 	}
-	p := filepath.Join(tmp, "xdsload")
-	cmd := exec.Command("go", "build", "-o", p, "github.com/wasmesh/wasmesh/controlplane/cmd/xdsload")
+	p := filepath.Join(tmp, name)
+	cmd := exec.Command("go", "build", "-o", p, "github.com/wasmesh/wasmesh/controlplane/cmd/"+name)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building xdsload: %v: %s", err, out)
+		return "", fmt.Errorf("building %s: %v: %s", name, err, out)
 	}
 	return p, nil
 }
@@ -163,8 +168,12 @@ func (l *Loader) line() (string, error) {
 
 // CPU is the CPU time the load client has used so far (Linux; zero elsewhere), at the
 // kernel's clock tick resolution (10 ms).
-func (l *Loader) CPU() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", l.cmd.Process.Pid))
+func (l *Loader) CPU() time.Duration { return ProcessCPU(l.cmd.Process.Pid) }
+
+// ProcessCPU is the CPU time process pid has used so far (Linux; zero elsewhere), at the
+// kernel's clock tick resolution (10 ms).
+func ProcessCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}
@@ -319,12 +328,15 @@ spec:
 `, name, ns, name, ns, name)
 }
 
-func workloadEntryIn(ns, app, ip string) string {
+func workloadEntryIn(ns, app, ip string) string { return WorkloadEntryNamed(ns, app+"-we", app, ip) }
+
+// WorkloadEntryNamed renders WorkloadEntry name of namespace ns at ip, labelled app=app.
+func WorkloadEntryNamed(ns, name, app, ip string) string {
 	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
-metadata: {name: %s-we, namespace: %s}
+metadata: {name: %s, namespace: %s}
 spec: {address: %s, labels: {app: %s}}
-`, app, ns, ip, app)
+`, name, ns, ip, app)
 }
 
 // ClusterNameIn is the outbound cluster of ServiceEntryIn(ns, name).

@@ -158,20 +158,10 @@ func measure(b *testing.B, loader *Loader, bytes *ByteCounter, op *operator, mem
 		write(".allocs-before.pprof")
 		defer write(".allocs-after.pprof")
 	}
-	var total time.Duration
 	before, clientBefore, gcBefore, opBefore := sample(bytes), loader.CPU(), sampleGC(), op.used()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		start, last := change(i)
-		total += last.Sub(start)
-	}
-	b.StopTimer()
+	timeChanges(b, debounce, change)
 	after, clientAfter, gcAfter, opAfter := sample(bytes), loader.CPU(), sampleGC(), op.used()
 	n := float64(b.N)
-	b.ReportMetric(float64(total.Milliseconds())/n, "ms-to-last-ack")
-	if debounce > 0 {
-		b.ReportMetric(float64((total-time.Duration(b.N)*debounce).Milliseconds())/n, "ms-beyond-debounce")
-	}
 	// The operator's file writes ran in this process: what they took is not the server's.
 	b.ReportMetric((after.cpu-before.cpu-(opAfter-opBefore)).Seconds()/n, "server-cpu-s/op")
 	if op != nil {
@@ -187,6 +177,24 @@ func measure(b *testing.B, loader *Loader, bytes *ByteCounter, op *operator, mem
 	b.ReportMetric((clientAfter-clientBefore).Seconds()/n, "client-cpu-s/op")
 	b.ReportMetric(float64(after.bytes-before.bytes)/n/(1<<20), "server-MiB-sent/op")
 	b.ReportMetric(memPerProxy/1024, "server-KiB/proxy")
+}
+
+// timeChanges runs change b.N times, the timer running, and reports the mean time from a
+// change to the last ACK, and beyond the debounce when there is one; it returns that mean.
+func timeChanges(b *testing.B, debounce time.Duration, change func(i int) (start, lastAck time.Time)) time.Duration {
+	var total time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start, last := change(i)
+		total += last.Sub(start)
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(total.Milliseconds())/n, "ms-to-last-ack")
+	if debounce > 0 {
+		b.ReportMetric(float64((total-time.Duration(b.N)*debounce).Milliseconds())/n, "ms-beyond-debounce")
+	}
+	return total / time.Duration(b.N)
 }
 
 // operator writes config files, as an operator's tool would, from the benchmark process:
