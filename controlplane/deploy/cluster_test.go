@@ -32,6 +32,7 @@ const (
 	namespace      = "istio-system"
 	serviceAccount = "istiod"
 	webhookConfig  = "istio-validator-istio-system"
+	injectorConfig = "istio-sidecar-injector"
 	leaseName      = "istiod-leader"
 	caSecret       = "istio-ca-secret"
 )
@@ -82,10 +83,10 @@ func TestManifestsOnARealAPIServer(t *testing.T) {
 	want := len(objects(t)) + len(ServedKinds())
 	requireDryRunApplies(t, k.run(t, "apply", "--server-side", "--dry-run=server", "-f", dir), want)
 
-	// For real, but the webhook configuration: nothing here serves it, and the Istio objects
-	// the test writes below would wait out its timeout on the unreachable Service.
+	// For real, but the webhook configurations: nothing here serves them, and the Istio
+	// objects the test writes below would wait out the timeout on the unreachable Service.
 	for _, m := range ms {
-		if !strings.Contains(m.Name, "validatingwebhookconfiguration") {
+		if !strings.Contains(m.Name, "webhookconfiguration") {
 			k.run(t, "apply", "--server-side", "-f", filepath.Join(dir, m.Name))
 		}
 	}
@@ -167,7 +168,8 @@ func checkAccess(t *testing.T, c *kubecluster.Cluster) {
 	}
 	// Its own webhook configuration, the Lease and the CA Secret: by name.
 	for _, v := range []string{"get", "list", "watch", "patch", "update"} {
-		allowed = append(allowed, access{verb: v, group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: webhookConfig})
+		allowed = append(allowed, access{verb: v, group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: webhookConfig},
+			access{verb: v, group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: injectorConfig})
 		denied = append(denied, access{verb: v, group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "someone-elses"},
 			access{verb: v, group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: webhookConfig})
 	}
@@ -201,6 +203,8 @@ func deniedElsewhere() []access {
 	}
 	return append(out,
 		access{verb: "list", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"},
+		access{verb: "list", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations"},
+		access{verb: "delete", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: injectorConfig},
 		access{verb: "create", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"},
 		access{verb: "delete", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: webhookConfig},
 		access{verb: "list", resource: "secrets", namespace: namespace},
@@ -282,8 +286,8 @@ func discoveryBinary(t *testing.T) string {
 }
 
 // podCommand is the Deployment's container as this machine runs it: its arguments (the
-// addresses on loopback, its files in dir, the ConfigMap's mesh config where the Deployment
-// mounts it) and its environment from the downward API.
+// addresses on loopback, its files in dir, the ConfigMaps' mesh config and injector
+// configuration where the Deployment mounts them) and its environment from the downward API.
 func podCommand(t *testing.T, dir, kubeconfig string) (args, env []string, httpAddr string) {
 	t.Helper()
 	objs := objects(t)
@@ -291,9 +295,15 @@ func podCommand(t *testing.T, dir, kubeconfig string) (args, env []string, httpA
 	c := d.Spec.Template.Spec.Containers[0]
 	mesh := filepath.Join(dir, "mesh")
 	require.NoError(t, os.WriteFile(mesh, []byte(object[*corev1.ConfigMap](t, objs, "ConfigMap/istio").Data["mesh"]), 0o644))
+	injectDir := filepath.Join(dir, "inject")
+	require.NoError(t, os.Mkdir(injectDir, 0o755))
+	for k, v := range object[*corev1.ConfigMap](t, objs, "ConfigMap/istio-sidecar-injector").Data {
+		require.NoError(t, os.WriteFile(filepath.Join(injectDir, k), []byte(v), 0o644))
+	}
 	httpAddr = freeAddr(t)
 	local := map[string]string{
 		"--grpcAddr": freeAddr(t), "--httpAddr": httpAddr, "--meshConfig": mesh, "--wasmCacheDir": filepath.Join(dir, "wasm"),
+		"--injectConfigDir": injectDir,
 	}
 	for _, a := range c.Args {
 		name, _, _ := strings.Cut(a, "=")

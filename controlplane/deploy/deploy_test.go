@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
+	"github.com/wasmesh/wasmesh/controlplane/inject"
 	"github.com/wasmesh/wasmesh/controlplane/mesh"
 )
 
@@ -75,7 +76,8 @@ func TestManifestsAreWhatTheIssueAsksFor(t *testing.T) {
 	objs := objects(t)
 	assert.Equal(t, []string{
 		"ClusterRole/istiod-clusterrole-istio-system", "ClusterRoleBinding/istiod-clusterrole-istio-system",
-		"ConfigMap/istio", "Deployment/istiod", "Namespace/istio-system", "PodDisruptionBudget/istiod",
+		"ConfigMap/istio", "ConfigMap/istio-sidecar-injector", "Deployment/istiod",
+		"MutatingWebhookConfiguration/istio-sidecar-injector", "Namespace/istio-system", "PodDisruptionBudget/istiod",
 		"Role/istiod", "RoleBinding/istiod", "Service/istiod", "ServiceAccount/istiod",
 		"ValidatingWebhookConfiguration/istio-validator-istio-system",
 	}, keysOf(objs))
@@ -122,6 +124,31 @@ func TestManifestsAreWhatTheIssueAsksFor(t *testing.T) {
 	assert.Contains(t, c.Args, "--httpAddr=:15014")
 
 	checkServiceAndBudget(t, objs, d, ports)
+	checkInjector(t, objs, pod, c)
+}
+
+// checkInjector: the injector's ConfigMap is Istio's shape, discovery reads it where the
+// Deployment mounts it, and the MutatingWebhookConfiguration sends pod creations to /inject,
+// refusing them while no replica answers.
+func checkInjector(t *testing.T, objs map[string]runtime.Object, pod corev1.PodSpec, c corev1.Container) {
+	cm := object[*corev1.ConfigMap](t, objs, "ConfigMap/istio-sidecar-injector")
+	cfg, err := inject.ParseConfig([]byte(cm.Data[inject.ConfigFile]), []byte(cm.Data[inject.ValuesFile]))
+	require.NoError(t, err)
+	assert.Equal(t, inject.PolicyEnabled, cfg.Policy)
+	assert.Equal(t, "docker.io/wasmesh", cfg.Values.Global.Hub)
+	assert.Contains(t, c.Args, "--injectConfigDir="+mountOf(t, pod, c, "istio-sidecar-injector"))
+
+	mwc := object[*admissionv1.MutatingWebhookConfiguration](t, objs, "MutatingWebhookConfiguration/istio-sidecar-injector")
+	require.Len(t, mwc.Webhooks, 2)
+	for _, wh := range mwc.Webhooks {
+		assert.Nil(t, wh.ClientConfig.CABundle, "discovery writes the caBundle")
+		assert.Equal(t, admissionv1.ServiceReference{Namespace: "istio-system", Name: "istiod", Path: ptr(inject.Path), Port: ptr(int32(443))}, *wh.ClientConfig.Service)
+		assert.Equal(t, admissionv1.Fail, *wh.FailurePolicy)
+		assert.Equal(t, admissionv1.SideEffectClassNone, *wh.SideEffects)
+		require.Len(t, wh.Rules, 1)
+		assert.Equal(t, []admissionv1.OperationType{admissionv1.Create}, wh.Rules[0].Operations)
+		assert.Equal(t, []string{"pods"}, wh.Rules[0].Resources)
+	}
 }
 
 // checkServiceAndBudget: the Service and the PodDisruptionBudget select the Deployment's pods,

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/wasmesh/wasmesh/controlplane/debug"
+	"github.com/wasmesh/wasmesh/controlplane/inject"
 	"github.com/wasmesh/wasmesh/controlplane/leader"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
 	"github.com/wasmesh/wasmesh/controlplane/mesh"
@@ -109,8 +110,11 @@ type Discovery struct {
 	Webhook *webhook.Server
 	Leader  *leader.Elector
 
+	// Injector is the sidecar injection webhook (nil without one).
+	Injector *inject.Webhook
+
 	webhookCerts webhook.Certs
-	caBundle     *webhook.CABundlePatcher
+	caBundles    []*webhook.CABundlePatcher
 
 	grpcLis   net.Listener
 	httpLis   net.Listener

@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/wasmesh/wasmesh/controlplane/inject"
 	"github.com/wasmesh/wasmesh/controlplane/leader"
 	"github.com/wasmesh/wasmesh/controlplane/webhook"
 )
@@ -30,6 +34,15 @@ type WebhookOptions struct {
 	// ConfigName is the ValidatingWebhookConfiguration whose webhooks' caBundle discovery
 	// keeps (the leader, with LeaderElection); empty: none.
 	ConfigName string
+	// Injection serves sidecar injection on /inject: InjectConfigDir holds the files config
+	// and values of Istio's istio-sidecar-injector ConfigMap (empty: the defaults; reloaded
+	// when they change, the last good kept), InjectorConfigName is the
+	// MutatingWebhookConfiguration whose caBundle discovery keeps (empty: none), and
+	// NativeSidecars is ENABLE_NATIVE_SIDECARS (auto: when the API server is 1.33 or later).
+	Injection          bool
+	InjectConfigDir    string
+	InjectorConfigName string
+	NativeSidecars     inject.NativeMode
 }
 
 // kubeClient is a clientset on Options.Kube, for the webhook's CA and configuration and the
@@ -71,8 +84,8 @@ func (d *Discovery) singletons() error {
 			w.SetEnabled(false)
 		})
 	}
-	if d.caBundle != nil {
-		d.Leader.Add("webhookCABundle", d.caBundle.Run)
+	for _, p := range d.caBundles {
+		d.Leader.Add("webhookCABundle", p.Run)
 	}
 	return nil
 }
@@ -104,12 +117,15 @@ func (d *Discovery) webhook(kc kubernetes.Interface) error {
 			"webhookAddr", o.Addr)
 		return nil
 	}
-	if o.ConfigName != "" && kc != nil {
-		p, err := webhook.NewCABundlePatcher(webhook.PatcherOptions{Client: kc, Name: o.ConfigName, Certs: d.webhookCerts, Log: d.log, Registerer: d.Reg})
+	for _, c := range []struct{ kind, name string }{{webhook.Validating, o.ConfigName}, {webhook.Mutating, o.InjectorConfigName}} {
+		if c.name == "" || kc == nil || (c.kind == webhook.Mutating && !o.Injection) {
+			continue
+		}
+		p, err := webhook.NewCABundlePatcher(webhook.PatcherOptions{Client: kc, Kind: c.kind, Name: c.name, Certs: d.webhookCerts, Log: d.log, Registerer: d.Reg})
 		if err != nil {
 			return err
 		}
-		d.caBundle = p
+		d.caBundles = append(d.caBundles, p)
 	}
 	v, err := webhook.NewValidator(d.log, d.Reg)
 	if err != nil {
@@ -119,7 +135,64 @@ func (d *Discovery) webhook(kc kubernetes.Interface) error {
 		return err
 	}
 	d.Webhook.HandleAdmission(webhook.ValidatePath, v.Admit)
+	if o.Injection {
+		return d.injection(kc)
+	}
 	return nil
+}
+
+// injection serves /inject with the injector's configuration and the mesh config in force.
+func (d *Discovery) injection(kc kubernetes.Interface) error {
+	o := d.opts.Webhook
+	cfg, err := inject.LoadConfig(o.InjectConfigDir)
+	if err != nil {
+		return err
+	}
+	native, err := nativeSidecars(o.NativeSidecars, kc, d.log)
+	if err != nil {
+		return err
+	}
+	if d.Injector, err = inject.NewWebhook(inject.WebhookOptions{Config: cfg, Mesh: d.Mesh.Mesh, Native: native, Log: d.log, Registerer: d.Reg}); err != nil {
+		return err
+	}
+	d.Webhook.HandleAdmission(inject.Path, d.Injector.Admit)
+	return nil
+}
+
+// nativeSidecars resolves ENABLE_NATIVE_SIDECARS: true, false, or auto: native sidecars when
+// the API server is Kubernetes 1.33 or later (sidecar containers are GA there; Istio's
+// auto-stable), asked once it answers.
+func nativeSidecars(mode inject.NativeMode, kc kubernetes.Interface, log *slog.Logger) (func() bool, error) {
+	switch mode {
+	case inject.NativeTrue:
+		return func() bool { return true }, nil
+	case inject.NativeFalse:
+		return func() bool { return false }, nil
+	case "", inject.NativeAuto:
+	default:
+		return nil, fmt.Errorf("ENABLE_NATIVE_SIDECARS %q: want true, false or auto", mode)
+	}
+	if kc == nil {
+		return func() bool { return false }, nil
+	}
+	var mu sync.Mutex
+	var known, native bool
+	return func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if known {
+			return native
+		}
+		v, err := kc.Discovery().ServerVersion()
+		if err != nil {
+			log.Warn("native sidecars: the API server's version is not known yet; not native for now", "error", err)
+			return false
+		}
+		parsed, err := version.ParseGeneric(v.GitVersion)
+		known, native = true, err == nil && parsed.AtLeast(version.MajorMinor(1, 33))
+		log.Info("native sidecars decided by the API server's version", "version", v.GitVersion, "native", native)
+		return native
+	}, nil
 }
 
 // WebhookAddr is the bound webhook address ("" without a webhook server).
@@ -137,11 +210,16 @@ func (d *Discovery) runSingletons(ctx context.Context, goRun func(string, func()
 		goRun("webhookCerts", func() error { return d.webhookCerts.Run(ctx) })
 		goRun("webhook", func() error { return d.Webhook.Run(ctx, grace) })
 	}
+	if dir := d.opts.Webhook.InjectConfigDir; d.Injector != nil && dir != "" {
+		goRun("injectConfig", func() error { return d.Injector.WatchConfig(ctx, dir) })
+	}
 	switch {
 	case d.Leader != nil:
 		goRun("leaderElection", func() error { return d.Leader.Run(ctx) })
-	case d.caBundle != nil:
-		goRun("webhookCABundle", func() error { d.caBundle.Run(ctx); return nil })
+	default:
+		for _, p := range d.caBundles {
+			goRun("webhookCABundle", func() error { p.Run(ctx); return nil })
+		}
 	}
 }
 
@@ -156,7 +234,7 @@ func (d *Discovery) leaderHandler() http.Handler {
 		id = leader.Identity()
 	}
 	st := leader.Status{Identity: id, Leading: true, Leader: id, Tasks: []string{}}
-	if d.caBundle != nil {
+	for range d.caBundles {
 		st.Tasks = append(st.Tasks, "webhookCABundle")
 	}
 	if d.Kube != nil && d.opts.KubeStatus {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/wasmesh/wasmesh/controlplane/dirwatch"
+
 	"github.com/prometheus/client_golang/prometheus"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -27,10 +29,10 @@ type WebhookOptions struct {
 	// Mesh is the mesh config in force, read at every request (its defaultConfig is the
 	// proxies' ProxyConfig); nil: the defaults.
 	Mesh func() *meshconfig.MeshConfig
-	// NativeSidecars says whether the proxy is a native sidecar when neither the values nor
-	// the pod say (Istio's ENABLE_NATIVE_SIDECARS after its auto detection).
-	NativeSidecars bool
-	Log            *slog.Logger
+	// Native says whether the proxy is a native sidecar when neither the values nor the pod
+	// say (Istio's ENABLE_NATIVE_SIDECARS, auto detection resolved); nil: not.
+	Native func() bool
+	Log    *slog.Logger
 	// Registerer takes istiod's sidecar_injection_* counters and the latency histogram (nil:
 	// not registered).
 	Registerer prometheus.Registerer
@@ -42,7 +44,7 @@ type WebhookOptions struct {
 type Webhook struct {
 	cfg      atomic.Pointer[Config]
 	mesh     func() *meshconfig.MeshConfig
-	native   bool
+	native   func() bool
 	log      *slog.Logger
 	requests prometheus.Counter
 	success  prometheus.Counter
@@ -62,7 +64,10 @@ func NewWebhook(opts WebhookOptions) (*Webhook, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	w := &Webhook{mesh: opts.Mesh, native: opts.NativeSidecars, log: opts.Log.With("scope", "injection"),
+	if opts.Native == nil {
+		opts.Native = func() bool { return false }
+	}
+	w := &Webhook{mesh: opts.Mesh, native: opts.Native, log: opts.Log.With("scope", "injection"),
 		requests: prometheus.NewCounter(prometheus.CounterOpts{Name: "sidecar_injection_requests_total", Help: "Total number of sidecar injection requests."}),
 		success:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sidecar_injection_success_total", Help: "Total number of successful sidecar injection requests."}),
 		skipped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sidecar_injection_skip_total", Help: "Total number of skipped sidecar injection requests."}),
@@ -101,7 +106,7 @@ func (w *Webhook) Admit(_ context.Context, req *admissionv1.AdmissionRequest) *a
 		return deny(http.StatusBadRequest, fmt.Sprintf("sidecar injection: the pod does not decode: %v", err))
 	}
 	ns := req.Namespace
-	res, err := Inject(w.cfg.Load(), w.mesh(), Input{Pod: &pod, Namespace: ns, Workload: WorkloadOfPod(&pod), NativeSidecars: w.native})
+	res, err := Inject(w.cfg.Load(), w.mesh(), Input{Pod: &pod, Namespace: ns, Workload: WorkloadOfPod(&pod), NativeSidecars: w.native()})
 	name := podName(&pod)
 	if err != nil {
 		w.failed.WithLabelValues("inject").Inc()
@@ -232,4 +237,17 @@ func jsonEqual(a, b json.RawMessage) bool {
 	ax, _ := json.Marshal(x)
 	by, _ := json.Marshal(y)
 	return string(ax) == string(by)
+}
+
+// WatchConfig reloads the configuration from dir (LoadConfig's files) whenever it changes,
+// until ctx ends: a configuration that does not load is logged and the last good one stays.
+func (w *Webhook) WatchConfig(ctx context.Context, dir string) error {
+	return dirwatch.Run(ctx, dir, w.log, func() {
+		c, err := LoadConfig(dir)
+		if err != nil {
+			w.log.Warn("injector configuration not reloaded; the last good one stays", "error", err)
+			return
+		}
+		w.SetConfig(c)
+	})
 }

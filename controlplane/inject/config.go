@@ -360,11 +360,14 @@ func rejectTemplates(name string, js []byte) error {
 	return nil
 }
 
-// LoadConfig reads dir/config and dir/values (a missing file is empty); an empty dir is
-// DefaultConfig.
+// LoadConfig reads dir/config and dir/values (a missing file is empty); no dir is
+// DefaultConfig, a dir that is not there an error.
 func LoadConfig(dir string) (*Config, error) {
 	if dir == "" {
 		return DefaultConfig(), nil
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("injector config: %s is not a directory (the istio-sidecar-injector ConfigMap's mount)", dir)
 	}
 	read := func(name string) ([]byte, error) {
 		b, err := os.ReadFile(filepath.Join(dir, name))

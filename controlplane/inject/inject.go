@@ -23,8 +23,8 @@ type Input struct {
 	Namespace string
 	// Workload is what the pod belongs to (WorkloadOfPod for a pod).
 	Workload Workload
-	// NativeSidecars is whether the proxy is a native sidecar unless the pod says
-	// (sidecar.istio.io/nativeSidecar).
+	// NativeSidecars is whether the proxy is a native sidecar unless the values
+	// (global.nativeSidecars true or false) or the pod (sidecar.istio.io/nativeSidecar) say.
 	NativeSidecars bool
 	// Offline is kube-inject: the namespace's policy is not known (see required).
 	Offline bool
@@ -79,6 +79,12 @@ func newPlan(cfg *Config, mesh *meshconfig.MeshConfig, in Input, ns string) (*pl
 		return nil, err
 	}
 	p := &plan{cfg: cfg, mesh: mesh, pc: pc, pod: pod, ns: ns, wl: in.Workload, native: in.NativeSidecars}
+	switch cfg.Values.Global.NativeSidecars { // auto: the caller's detection
+	case NativeTrue:
+		p.native = true
+	case NativeFalse:
+		p.native = false
+	}
 	p.mode = p.annotationOr(annotation.SidecarInterceptionMode.Name, pc.GetInterceptionMode().String())
 	if v, ok := pod.Annotations[annotation.SidecarNativeSidecar.Name]; ok {
 		p.native, _ = strconv.ParseBool(v) // checked

@@ -86,3 +86,26 @@ func TestParseConfigErrors(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Scalar("2"), cfg.Values.Global.Tag, "a whole number is a tag")
 }
+
+// Native sidecars: the injector's default (its detection), the values' true or false over
+// it, the pod's annotation over both.
+func TestNativeSidecarPrecedence(t *testing.T) {
+	pod := func(annotations map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "shop", Annotations: annotations},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
+	}
+	native := func(values string, detected bool, annotations map[string]string) bool {
+		cfg, err := ParseConfig(nil, []byte(values))
+		require.NoError(t, err)
+		res, err := Inject(cfg, nil, Input{Pod: pod(annotations), NativeSidecars: detected})
+		require.NoError(t, err)
+		return findContainer(res.Pod, ProxyContainer).RestartPolicy != nil
+	}
+	assert.True(t, native("", true, nil))
+	assert.False(t, native("", false, nil))
+	assert.True(t, native("global: {nativeSidecars: auto}", true, nil))
+	assert.False(t, native("global: {nativeSidecars: false}", true, nil))
+	assert.True(t, native("global: {nativeSidecars: true}", false, nil))
+	assert.False(t, native("global: {nativeSidecars: true}", true, map[string]string{"sidecar.istio.io/nativeSidecar": "false"}))
+	assert.True(t, native("global: {nativeSidecars: false}", false, map[string]string{"sidecar.istio.io/nativeSidecar": "true"}))
+}

@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"sync"
 
-	"github.com/fsnotify/fsnotify"
+	"github.com/wasmesh/wasmesh/controlplane/dirwatch"
 )
 
 // Files of a certificate directory (--webhookCertDir), as a kubernetes.io/tls Secret with a
@@ -145,32 +145,10 @@ func verifyChain(cert tls.Certificate, caPEM []byte) error {
 
 // Run reloads the certificates whenever the directory changes, until ctx ends.
 func (f *FileCerts) Run(ctx context.Context) error {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("watching webhookCertDir: %w", err)
+	if err := dirwatch.Run(ctx, f.dir, f.log, f.reload); err != nil {
+		return fmt.Errorf("webhookCertDir: %w", err)
 	}
-	defer w.Close()
-	if err := w.Add(f.dir); err != nil {
-		return fmt.Errorf("watching webhookCertDir %s: %w", f.dir, err)
-	}
-	// A change between the first load and the watch would go unseen.
-	f.reload()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case _, ok := <-w.Events:
-			if !ok {
-				return nil
-			}
-			f.reload()
-		case err, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
-			f.log.Warn("watching webhookCertDir", "dir", f.dir, "error", err)
-		}
-	}
+	return nil
 }
 
 func (f *FileCerts) reload() {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/inject"
 	"github.com/wasmesh/wasmesh/controlplane/leader"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
 	"github.com/wasmesh/wasmesh/controlplane/push"
@@ -71,6 +72,13 @@ func env(opts *discovery.Options) error {
 			return fmt.Errorf("PILOT_PUSH_THROTTLE=%q: want a positive integer", v)
 		}
 		s.PushThrottle = n
+	}
+	if v := os.Getenv("ENABLE_NATIVE_SIDECARS"); v != "" {
+		m, err := inject.ParseNativeMode(v)
+		if err != nil {
+			return fmt.Errorf("ENABLE_NATIVE_SIDECARS=%w", err)
+		}
+		opts.Webhook.NativeSidecars = m
 	}
 	if v := os.Getenv("PILOT_MAX_REQUESTS_PER_SECOND"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
@@ -154,12 +162,14 @@ workload metadata are registered as endpoints of the ServiceEntries that select 
 
 On Kubernetes (--kubeconfig, or in a pod) it also serves the Istio objects of the API
 server, validates them at apply time (the admission webhook on --webhookAddr, /validate),
-and runs as several replicas: one, elected on a Lease in --namespace, writes the objects'
-status and keeps the caBundle of --validationWebhookConfigName current.
+injects the sidecar into pods (/inject, on the same server), and runs as several
+replicas: one, elected on a Lease in --namespace, writes the objects' status and keeps the
+caBundle of --validationWebhookConfigName and --injectorWebhookConfigName current.
 
 Environment (istiod's names): PILOT_DEBOUNCE_AFTER (100ms), PILOT_DEBOUNCE_MAX (10s),
 PILOT_ENABLE_EDS_DEBOUNCE (true), PILOT_PUSH_THROTTLE (100), PILOT_XDS_SEND_TIMEOUT (5s),
-PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s);
+PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s),
+ENABLE_NATIVE_SIDECARS (auto: when the API server is 1.33 or later; true, false);
 POD_NAMESPACE (--namespace's default), POD_NAME (this replica's name in the Lease; else
 the hostname).`,
 		Args:          cobra.NoArgs,
@@ -227,4 +237,9 @@ func addKubeFlags(f *pflag.FlagSet, opts *discovery.Options) {
 	f.StringSliceVar(&w.Hosts, "webhookCertHosts", nil, "more DNS names or IP addresses for the generated certificate (a webhook configuration calling discovery by URL)")
 	f.StringVar(&w.ConfigName, "validationWebhookConfigName", webhook.DefaultValidatingConfig,
 		"the ValidatingWebhookConfiguration whose webhooks' caBundle discovery keeps current (the manifests create it); empty: none")
+	f.BoolVar(&w.Injection, "injection", true, "serve sidecar injection on the webhook server (/inject)")
+	f.StringVar(&w.InjectConfigDir, "injectConfigDir", "", "directory of the istio-sidecar-injector ConfigMap's files config and values, reloaded on change "+
+		"(istiod mounts it at /var/lib/istio/inject; default: the built-in defaults)")
+	f.StringVar(&w.InjectorConfigName, "injectorWebhookConfigName", webhook.DefaultMutatingConfig,
+		"the MutatingWebhookConfiguration of injection whose caBundle discovery keeps current (the manifests create it); empty: none")
 }
