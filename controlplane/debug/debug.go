@@ -60,6 +60,7 @@ func Handler(d Deps) http.Handler {
 	mux.HandleFunc("/debug/syncz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, syncz(d)) })
 	mux.HandleFunc("/debug/configz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, configz(d)) })
 	mux.HandleFunc("/debug/registryz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, registryz(d)) })
+	mux.HandleFunc("/debug/endpointz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, endpointz(d)) })
 	mux.HandleFunc("/debug/push_status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, pushStatus(d)) })
 	mux.HandleFunc("/debug/config_dump", func(w http.ResponseWriter, r *http.Request) { configDump(d, w, r) })
 	if d.Gatherer != nil {
@@ -182,6 +183,22 @@ func registryz(d Deps) map[string]any {
 		out["workloads"] = d.Workloads()
 	}
 	return out
+}
+
+// endpointz is what proxies are sent: the services and endpoints of the latest snapshot
+// (istiod's /debug/endpointz), where /debug/registryz is the registry, which a change reaches
+// one debounce earlier.
+func endpointz(d Deps) map[string]any {
+	svcs := []registryService{}
+	snap := d.Pusher.Snapshot()
+	version := ""
+	if snap != nil {
+		version = snap.Version
+		for _, s := range snap.Services {
+			svcs = append(svcs, registryService{Service: s, Endpoints: snap.Endpoints(s.Hostname)})
+		}
+	}
+	return map[string]any{"version": version, "services": svcs}
 }
 
 // PushStatus is the latest push and the server's connections, for /debug/push_status.

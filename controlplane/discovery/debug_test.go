@@ -105,6 +105,31 @@ func TestRegistryzHasOneKeyPerField(t *testing.T) {
 	assert.Equal(t, "frontend-1", workloads[0].(map[string]any)["name"])
 }
 
+// /debug/endpointz is the latest snapshot's services and endpoints, what proxies are sent:
+// the endpoint a proxy received is there, under the version of the latest push.
+func TestEndpointzIsTheSnapshot(t *testing.T) {
+	e := start(t, map[string]string{"services.yaml": services}, nil)
+	fe := e.connect(adsc.Config{Node: node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")})
+	wait(t, fe, hasEndpointIP(frontendCluster, "127.10.0.1"))
+
+	var page struct {
+		Version  string
+		Services []struct {
+			Hostname  string
+			Endpoints []struct{ Address string }
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(httpGet(t, "http://"+e.d.HTTPAddr()+"/debug/endpointz")), &page))
+	assert.Equal(t, e.d.Pusher.Snapshot().Version, page.Version)
+	require.Len(t, page.Services, 2)
+	assert.Equal(t, "frontend.demo.svc.cluster.local", page.Services[1].Hostname)
+	require.Len(t, page.Services[1].Endpoints, 1)
+	assert.Equal(t, "127.10.0.1", page.Services[1].Endpoints[0].Address)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal([]byte(httpGet(t, "http://"+e.d.HTTPAddr()+"/debug/endpointz")), &raw))
+	checkKeys(t, "endpointz", raw)
+}
+
 // checkKeys walks a decoded JSON value: no object has two keys equal but for case, and every
 // key starts in lower case, but for user data (labels, selectors, named ports).
 func checkKeys(t *testing.T, path string, v any) {

@@ -193,34 +193,79 @@ func (p *Pod) WaitReady(ctx context.Context) error {
 		return err
 	}
 	// Ready as the mesh sees it: discovery has the pod's workload healthy (its agent
-	// reported), so the endpoint is on its way to every proxy, as a ready pod's is in
-	// Kubernetes' Endpoints.
+	// reported), and the endpoints it makes are in the latest snapshot, so every proxy that
+	// connects from now on is sent them, as a ready pod's are in Kubernetes' EndpointSlices.
 	return waitFor(ctx, p.agent, "discovery to see pod "+p.Spec.Name+" healthy", p.healthyInDiscovery)
 }
 
+// discoveryPage is the part of /debug/registryz and /debug/endpointz the pod reads.
+type discoveryPage struct {
+	Services []struct {
+		Hostname  string `json:"hostname"`
+		Endpoints []struct {
+			Address string `json:"address"`
+			Health  int    `json:"health"`
+		} `json:"endpoints"`
+	} `json:"services"`
+	Workloads []struct {
+		Name, Namespace string
+		Health          int
+	} `json:"workloads"`
+}
+
+func (p *Pod) discoveryPage(path string) (*discoveryPage, error) {
+	b, err := get(context.Background(), p.mesh.DiscoveryURL(path))
+	if err != nil {
+		return nil, err
+	}
+	var page discoveryPage
+	if err := json.Unmarshal(b, &page); err != nil {
+		return nil, fmt.Errorf("discovery %s: %w", path, err)
+	}
+	return &page, nil
+}
+
+// healthyHosts are the hosts of which the pod is a healthy endpoint on a page.
+func (p *Pod) healthyHosts(page *discoveryPage) map[string]bool {
+	hosts := map[string]bool{}
+	for _, s := range page.Services {
+		for _, e := range s.Endpoints {
+			if e.Address == p.IP && e.Health == 0 {
+				hosts[s.Hostname] = true
+			}
+		}
+	}
+	return hosts
+}
+
 func (p *Pod) healthyInDiscovery() error {
-	b, err := get(context.Background(), p.mesh.DiscoveryURL("/debug/registryz"))
+	reg, err := p.discoveryPage("/debug/registryz")
 	if err != nil {
 		return err
 	}
-	var reg struct {
-		Workloads []struct {
-			Name, Namespace string
-			Health          int
-		} `json:"workloads"`
-	}
-	if err := json.Unmarshal(b, &reg); err != nil {
-		return fmt.Errorf("discovery /debug/registryz: %w", err)
-	}
+	registered := false
 	for _, w := range reg.Workloads {
 		if w.Name == p.Spec.Name && w.Namespace == p.Spec.Namespace {
 			if w.Health != 0 {
 				return fmt.Errorf("workload %s/%s is not healthy in discovery", w.Namespace, w.Name)
 			}
-			return nil
+			registered = true
 		}
 	}
-	return fmt.Errorf("workload %s/%s is not registered in discovery", p.Spec.Namespace, p.Spec.Name)
+	if !registered {
+		return fmt.Errorf("workload %s/%s is not registered in discovery", p.Spec.Namespace, p.Spec.Name)
+	}
+	snap, err := p.discoveryPage("/debug/endpointz")
+	if err != nil {
+		return err
+	}
+	pushed := p.healthyHosts(snap)
+	for host := range p.healthyHosts(reg) {
+		if !pushed[host] {
+			return fmt.Errorf("pod %s/%s is not yet an endpoint of %s in discovery's latest snapshot", p.Spec.Namespace, p.Spec.Name, host)
+		}
+	}
+	return nil
 }
 
 // StatusURL is a URL on the agent's status server.
