@@ -12,6 +12,7 @@ import (
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -284,4 +285,54 @@ func TestAProxyLeavingDoesNotSilenceThoseSharingItsWatch(t *testing.T) {
 	before := ws.counts()
 	update(t, p, push.NewEDS(map[string]struct{}{hostS00: {}}))
 	assert.Equal(t, []string{"b"}, ws.concerned(before))
+}
+
+// A services-only change concerns the proxies of the changed service's namespace also when
+// their Sidecar imports nothing of it (the service may select them: their inbound config
+// changes); a change of a host no snapshot knows concerns nobody.
+func TestAServiceConcernsItsNamespaceWhateverItsSidecarImports(t *testing.T) {
+	p, st := meshPusher(t)
+	ws := watchers{"demo": {}, "other": {}}
+	p.Watch(proxyIn(t, "demo", "demo"), ws["demo"])
+	p.Watch(proxyIn(t, "other", "other"), ws["other"])
+	keys := st.set(t, `
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: other}
+spec: {egress: [{hosts: ["demo/*"]}]}
+`)
+	update(t, p, push.NewFull(push.ReasonConfig, keys...))
+
+	before := ws.counts()
+	update(t, p, withHosts(push.NewFull(push.ReasonService), hostC))
+	assert.Equal(t, []string{"other"}, ws.concerned(before), "other's own service, which its Sidecar does not import")
+
+	before = ws.counts()
+	update(t, p, withHosts(push.NewFull(push.ReasonService), "gone.other.svc.cluster.local"))
+	assert.Empty(t, ws.concerned(before), "a host no snapshot knows")
+}
+
+// An endpoints-only push keeps the proxy's view of the config (nothing it computed changed)
+// but serves the new endpoints from it.
+func TestAnEndpointsPushServesTheNewEndpoints(t *testing.T) {
+	p, st := meshPusher(t)
+	w := p.Watch(proxyIn(t, "demo", "demo"), &recorder{})
+	w.Subscribe(xds.EndpointType, false, []string{clusterS00})
+	address := func() string {
+		res, _ := w.Resources(xds.EndpointType, nil)
+		cla := res.Find(clusterS00).Message.(*endpoint.ClusterLoadAssignment)
+		return cla.GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+	}
+	require.Equal(t, "10.0.0.1", address())
+	view := w.View()
+
+	st.set(t, `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: s00, namespace: demo}
+spec: {hosts: [s00.demo.svc.cluster.local], resolution: STATIC, ports: [{number: 80, name: http}], endpoints: [{address: 10.0.0.99}]}
+`)
+	update(t, p, push.NewEDS(map[string]struct{}{hostS00: {}}))
+	assert.Equal(t, "10.0.0.99", address())
+	assert.Same(t, view.Scope, w.View().Scope, "the view's config is kept")
 }

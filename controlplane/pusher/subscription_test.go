@@ -1,6 +1,7 @@
 package pusher
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -127,4 +128,22 @@ func TestProxyWatchesFollowTheirChanges(t *testing.T) {
 	assert.False(t, w.Watches(eds, "c"))
 	assert.False(t, w.Watches(eds, "d"))
 	assert.Empty(t, p.subs.m, "a closed proxy holds no subscription")
+}
+
+// The changes remembered from a set are a bounded cache: different changes from one set are
+// remembered side by side (a proxy repeating any of them reuses its result), and past 64 of
+// them the memory starts over instead of growing with every change ever made.
+func TestRememberedChangesAreBounded(t *testing.T) {
+	ss := newSubscriptions()
+	from := ss.acquire([]string{"a"})
+	ss.acquire([]string{"a"}) // held elsewhere too, so each change leaves it in place
+	for i := range 200 {
+		to := ss.change(from, []string{fmt.Sprint("n", i)}, nil)
+		require.Equal(t, []string{"a", fmt.Sprint("n", i)}, to.names)
+		ss.acquire([]string{"a"})
+		if i > 0 && i < 64 {
+			require.Len(t, from.next, i+1, "every change so far is remembered")
+		}
+		require.LessOrEqual(t, len(from.next), 65)
+	}
 }
