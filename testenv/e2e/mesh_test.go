@@ -5,7 +5,6 @@ package e2e
 
 import (
 	"context"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -30,13 +29,7 @@ func startMesh(t *testing.T, config map[string]string) (*localmesh.Mesh, context
 		t.Skip("MESH_PROXY=envoy but there is no envoy on PATH: install Envoy to run the suite against it")
 	}
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("mesh directory kept for inspection: %s", m.Dir())
-			t.Setenv("WASMESH_KEEP_MESH_DIR", "1")
-		}
-		m.Close()
-	})
+	meshtest.CloseAtEnd(t, m.Dir(), m.Close)
 	return m, ctx
 }
 
@@ -65,27 +58,17 @@ func frontendPod(extra ...func(*localmesh.PodSpec)) localmesh.PodSpec {
 // steadyLoad sends requests to url at rate until stopped.
 func steadyLoad(t *testing.T, ctx context.Context, url string, rate float64) *loadgen.Generator {
 	t.Helper()
-	g, err := loadgen.Start(ctx, loadgen.Config{Rate: rate, Concurrency: 32,
-		Request: func(int) (*http.Request, error) { return http.NewRequest(http.MethodGet, url, nil) },
-		Failed:  func(status int) bool { return status != http.StatusOK }})
-	require.NoError(t, err)
-	return g
+	return meshtest.SteadyLoad(t, ctx, url, rate)
 }
 
 // waitServed waits until the load has n more successful requests than it had.
 func waitServed(t *testing.T, g *loadgen.Generator, n int) {
 	t.Helper()
-	base := g.Snapshot().Succeeded
-	require.Eventually(t, func() bool { return g.Snapshot().Succeeded >= base+n }, 30*time.Second, 10*time.Millisecond,
-		"traffic stopped flowing: %s", func() string { s := g.Snapshot(); return s.String() }())
+	meshtest.WaitServed(t, g, n)
 }
 
 // requireNoFailures ends the load and fails the test if any request failed.
 func requireNoFailures(t *testing.T, g *loadgen.Generator) *loadgen.Result {
 	t.Helper()
-	res := g.Stop()
-	t.Logf("load: %s", res.String())
-	require.Zero(t, res.Failed, "failed requests: %s", res.String())
-	require.Positive(t, res.Succeeded)
-	return &res
+	return meshtest.RequireNoFailures(t, g)
 }

@@ -228,19 +228,29 @@ func (m *Mesh) renderConfig() error {
 // WriteConfig renders content (a Go template with {{.WasmDir}}) and replaces the config
 // file name atomically, as an editor saving a file does; discovery picks it up.
 func (m *Mesh) WriteConfig(name, content string) error {
-	t, err := template.New(name).Option("missingkey=error").Parse(content)
+	b, err := RenderConfig(name, content, m.opts.WasmDir)
 	if err != nil {
-		return fmt.Errorf("localmesh: config %s: %w", name, err)
-	}
-	var b bytes.Buffer
-	if err := t.Execute(&b, map[string]string{"WasmDir": m.opts.WasmDir}); err != nil {
-		return fmt.Errorf("localmesh: config %s: %w", name, err)
+		return err
 	}
 	tmp := filepath.Join(m.configDir, "."+name+".tmp")
-	if err := os.WriteFile(tmp, b.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(m.configDir, name))
+}
+
+// RenderConfig renders the config file name's content, a Go template with {{.WasmDir}}
+// (the sample config's templates).
+func RenderConfig(name, content, wasmDir string) ([]byte, error) {
+	t, err := template.New(name).Option("missingkey=error").Parse(content)
+	if err != nil {
+		return nil, fmt.Errorf("localmesh: config %s: %w", name, err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, map[string]string{"WasmDir": wasmDir}); err != nil {
+		return nil, fmt.Errorf("localmesh: config %s: %w", name, err)
+	}
+	return b.Bytes(), nil
 }
 
 // RemoveConfig deletes a config file.

@@ -1,13 +1,20 @@
 // Package meshtest holds what the tests that run a local mesh share: where the built
-// binaries and filters are, and the config they write.
+// binaries and filters are, the config they write, and steady load judged by its failures.
 package meshtest
 
 import (
+	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/testenv/loadgen"
 )
 
 // Root is the repository's root directory.
@@ -59,4 +66,44 @@ spec:
   ports: [{number: ` + strconv.Itoa(port) + `, name: http, targetPort: ` + strconv.Itoa(targetPort) + `}]
   workloadSelector: {labels: {app: ` + name + `}}
 `
+}
+
+// SteadyLoad sends GET requests to url at rate until stopped (a non-200 answer fails).
+func SteadyLoad(t *testing.T, ctx context.Context, url string, rate float64) *loadgen.Generator {
+	t.Helper()
+	g, err := loadgen.Start(ctx, loadgen.Config{Rate: rate, Concurrency: 32,
+		Request: func(int) (*http.Request, error) { return http.NewRequest(http.MethodGet, url, nil) },
+		Failed:  func(status int) bool { return status != http.StatusOK }})
+	require.NoError(t, err)
+	return g
+}
+
+// WaitServed waits until the load has n more successful requests than it had.
+func WaitServed(t *testing.T, g *loadgen.Generator, n int) {
+	t.Helper()
+	base := g.Snapshot().Succeeded
+	require.Eventually(t, func() bool { return g.Snapshot().Succeeded >= base+n }, 30*time.Second, 10*time.Millisecond,
+		"traffic stopped flowing: %s", func() string { s := g.Snapshot(); return s.String() }())
+}
+
+// RequireNoFailures ends the load and fails the test if any request failed.
+func RequireNoFailures(t *testing.T, g *loadgen.Generator) *loadgen.Result {
+	t.Helper()
+	res := g.Stop()
+	t.Logf("load: %s", res.String())
+	require.Zero(t, res.Failed, "failed requests: %s", res.String())
+	require.Positive(t, res.Succeeded)
+	return &res
+}
+
+// CloseAtEnd runs close when the test ends; when it failed, the mesh's directory dir is kept
+// for inspection (WASMESH_KEEP_MESH_DIR, which Close reads) and named in the log.
+func CloseAtEnd(t *testing.T, dir string, close func()) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("mesh directory kept for inspection: %s", dir)
+			t.Setenv("WASMESH_KEEP_MESH_DIR", "1")
+		}
+		close()
+	})
 }
