@@ -1,15 +1,20 @@
 package registry
 
 import (
+	"bytes"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/metrics"
 	"github.com/wasmesh/wasmesh/controlplane/model"
 )
 
@@ -152,4 +157,57 @@ func TestAWorkloadStaysWhileAnyConnectionIsOpen(t *testing.T) {
 	assert.Equal(t, "shop/reviews-1", r.Workloads()[0].Key())
 	a.Disconnect(w) // one disconnect too many changes nothing
 	assert.Len(t, r.Workloads(), 1)
+}
+
+// Without endpoints or a workloadSelector, a DNS or DNS_ROUND_ROBIN ServiceEntry resolves its
+// own hosts (an endpoint per host and port, addressed by the host name); a STATIC or NONE one
+// has no endpoints.
+func TestEntriesWithoutEndpointsResolveTheirHostsByDNS(t *testing.T) {
+	r, _, _ := newRegistry(t)
+	se := func(name, resolution string) string {
+		return "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: " + name + ", namespace: shop}\n" +
+			"spec: {hosts: [" + name + ".example], resolution: " + resolution + ", ports: [{number: 443, name: tls, protocol: TLS}]}\n---\n"
+	}
+	r.SetConfigs(parse(t, se("dns", "DNS")+se("rr", "DNS_ROUND_ROBIN")+se("static", "STATIC")+se("none", "NONE")))
+	got := map[string][]string{}
+	for _, s := range r.Services() {
+		got[s.Hostname] = addrs(r.Endpoints(s.Hostname))
+	}
+	assert.Equal(t, map[string][]string{"dns.example": {"dns.example:443@443"}, "rr.example": {"rr.example:443@443"},
+		"static.example": nil, "none.example": nil}, got)
+}
+
+// Two ServiceEntries defining one host are logged as a warning naming the winner (the first
+// by namespace and name) and the ignored one, whichever came first.
+func TestADuplicateHostWarningNamesWinnerAndIgnored(t *testing.T) {
+	se := func(name string) string {
+		return "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: " + name + ", namespace: shop}\n" +
+			"spec: {hosts: [x.example], resolution: STATIC, ports: [{number: 80, name: http}]}\n"
+	}
+	for _, order := range [][]string{{"a", "b"}, {"b", "a"}} {
+		t.Run(strings.Join(order, " then "), func(t *testing.T) {
+			var log bytes.Buffer
+			r := NewServiceEntries(slog.New(slog.NewJSONHandler(&log, nil)), metrics.New(prometheus.NewRegistry()))
+			var cs []*config.Config
+			for _, name := range order {
+				cs = append(cs, parse(t, se(name))...)
+				r.SetConfigs(cs)
+			}
+			var warnings [][2]string
+			for _, line := range strings.Split(strings.TrimSpace(log.String()), "\n") {
+				var rec struct{ Msg, Winner, Ignored string }
+				require.NoError(t, json.Unmarshal([]byte(line), &rec))
+				if strings.HasPrefix(rec.Msg, "host defined by two ServiceEntries") {
+					warnings = append(warnings, [2]string{rec.Winner, rec.Ignored})
+				}
+			}
+			assert.Equal(t, [][2]string{{"ServiceEntry shop/a", "ServiceEntry shop/b"}}, warnings)
+		})
+	}
+}
+
+// A disconnected proxy stays registered for Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD
+// default, 10 s.
+func TestDefaultGracePeriodIsIstios(t *testing.T) {
+	assert.Equal(t, 10*time.Second, DefaultGracePeriod)
 }

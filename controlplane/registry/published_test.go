@@ -48,6 +48,7 @@ func TestPublishedHoldsWhatItsSourceSaidLast(t *testing.T) {
 
 	p.SetServices([]*model.Service{svc(3, 80), svc(5, 80)}, nil) // said again
 	assert.Len(t, rec.all(), 1, "a relist tells nothing")
+	assert.Same(t, &held[0], &p.Services()[0], "a relist builds no new list: the one published stays")
 	p.SetServices([]*model.Service{svc(3, 8080)}, []string{"s05.demo.svc.cluster.local", "unknown.demo.svc.cluster.local"}) // a few: patched
 	require.Len(t, rec.all(), 2)
 	assert.Equal(t, Event{Full: true, Hosts: map[string]struct{}{"s03.demo.svc.cluster.local": {}, "s05.demo.svc.cluster.local": {}}}, last())
