@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"golang.org/x/sys/unix"
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/drain"
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
@@ -89,7 +91,9 @@ type socket struct {
 	lis       net.Listener
 	name      string
 	accepting atomic.Bool
-	done      chan struct{}
+	// looping: acceptLoop runs (until done); it then closes the listener itself.
+	looping atomic.Bool
+	done    chan struct{}
 }
 
 // HTTPManagers returns the connection managers of the listener's filter chains.
@@ -271,10 +275,16 @@ func (l *Listener) start(m *Manager, inherited *socket) error {
 
 func (s *socket) acceptLoop(m *Manager) {
 	defer close(s.done)
+	s.looping.Store(true)
 	for {
 		conn, err := s.lis.Accept()
 		if err != nil {
-			if m.ctx.Err() != nil || errors.Is(err, net.ErrClosed) || !s.accepting.Load() {
+			if !s.accepting.Load() && !errors.Is(err, net.ErrClosed) {
+				s.takeQueued(m)
+				_ = s.lis.Close()
+				return
+			}
+			if m.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			m.deps.Log.Warn("accept failed", "listener", s.name, "err", err)
@@ -294,9 +304,61 @@ func (s *socket) acceptLoop(m *Manager) {
 	}
 }
 
+// stop stops accepting. Connections the kernel has completed but nobody accepted yet would
+// be reset when the socket closes (a client whose connect succeeded would read a reset): the
+// accept loop is woken by a deadline instead, takes what is queued, serves it as any other
+// connection, and closes the socket, so that only connections arriving after that are
+// refused. A socket nobody accepts on (before the workers start) is closed at once.
 func (s *socket) stop() {
-	if s != nil && s.accepting.CompareAndSwap(true, false) {
+	if s == nil || !s.accepting.CompareAndSwap(true, false) {
+		return
+	}
+	tl, ok := s.lis.(*net.TCPListener)
+	if !ok || !s.looping.Load() {
 		_ = s.lis.Close()
+		return
+	}
+	_ = tl.SetDeadline(time.Now())
+	select {
+	case <-s.done:
+	case <-time.After(time.Second): // the loop is stuck dispatching: close under it
+		_ = s.lis.Close()
+	}
+}
+
+// takeQueued accepts, without waiting, the connections already queued on the socket and
+// dispatches them.
+func (s *socket) takeQueued(m *Manager) {
+	tl, ok := s.lis.(*net.TCPListener)
+	if !ok {
+		return
+	}
+	raw, err := tl.SyscallConn()
+	if err != nil {
+		return
+	}
+	var conns []net.Conn
+	_ = raw.Control(func(fd uintptr) {
+		for {
+			nfd, _, err := unix.Accept4(int(fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			if err != nil {
+				return // EAGAIN: nothing more is queued
+			}
+			f := os.NewFile(uintptr(nfd), "accepted")
+			c, err := net.FileConn(f)
+			_ = f.Close()
+			if err == nil {
+				conns = append(conns, c)
+			}
+		}
+	})
+	l := m.get(s.name)
+	for _, c := range conns {
+		if l == nil || l.sock != s {
+			_ = c.Close()
+			continue
+		}
+		m.dispatch(l, c)
 	}
 }
 
