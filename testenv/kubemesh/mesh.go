@@ -173,6 +173,9 @@ func (m *Mesh) Close() {
 	}
 }
 
+// KubectlPath is the cluster's kubectl.
+func (m *Mesh) KubectlPath() string { return m.kubectl }
+
 // Kubectl runs the cluster's kubectl as its admin and returns its output.
 func (m *Mesh) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, m.kubectl, append([]string{"--kubeconfig", m.Cluster.Kubeconfig}, args...)...)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"syscall"
 )
 
@@ -28,11 +29,16 @@ func InNetns() bool { return os.Getenv(EnvNetns) == "1" }
 // RunInNetns runs this program again, with its arguments and standard streams, in a new
 // network namespace, and returns its exit code once it has ended; in that namespace
 // SetUpNetns must run first (TestMain or main checks InNetns). The child is killed with its
-// parent. The error says why no namespace could be made (no privileges, no `ip`).
+// parent; a SIGINT or SIGTERM this process gets is passed on to it. The error says why no namespace could be made (no privileges, no `ip`).
 func RunInNetns() (int, error) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		return 0, fmt.Errorf("the network namespace needs the ip command (iproute2): %w", err)
 	}
+	// The child ends the program: a signal to this process (Ctrl-C reaches both) is passed
+	// on, and this process waits for the child to have stopped cleanly.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 	var errs []error
 	for _, attr := range []*syscall.SysProcAttr{
 		{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL},
@@ -48,7 +54,19 @@ func RunInNetns() (int, error) {
 			errs = append(errs, err)
 			continue
 		}
+		done := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case sig := <-sigs:
+					_ = cmd.Process.Signal(sig)
+				case <-done:
+					return
+				}
+			}
+		}()
 		err := cmd.Wait()
+		close(done)
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {

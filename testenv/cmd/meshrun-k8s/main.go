@@ -1,0 +1,171 @@
+// Command meshrun-k8s runs the local mesh on a real Kubernetes control plane (what `make
+// run-k8s` does): etcd, kube-apiserver, kube-controller-manager and kube-scheduler, one node
+// that runs pods as processes, discovery installed from its manifests (two replicas), the
+// bookinfo sample as Deployments and Services with sidecars, and steady traffic; then it
+// prints where to look and a live summary until Ctrl-C, which stops everything. It runs
+// itself in a network namespace of its own, where the pod network is local (see package
+// kubemesh).
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wasmesh/wasmesh/testenv/kubemesh"
+	"github.com/wasmesh/wasmesh/testenv/loadgen"
+)
+
+func main() {
+	if !kubemesh.InNetns() {
+		code, err := kubemesh.RunInNetns()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "meshrun-k8s:", err)
+			os.Exit(1)
+		}
+		os.Exit(code)
+	}
+	if err := kubemesh.SetUpNetns(); err != nil {
+		fmt.Fprintln(os.Stderr, "meshrun-k8s: setting up the network namespace:", err)
+		os.Exit(1)
+	}
+	if err := command().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func command() *cobra.Command {
+	var (
+		opts     kubemesh.Options
+		rate     float64
+		interval time.Duration
+		once     bool
+	)
+	cmd := &cobra.Command{
+		Use:          "meshrun-k8s",
+		Short:        "Run the local mesh on a real Kubernetes control plane with the sample application and steady traffic",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd.OutOrStdout(), opts, rate, interval, once)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Dir, "dir", "build/mesh-k8s", "where the cluster, the node's pods, their logs and the applied manifests are kept")
+	f.StringVar(&opts.BinDir, "bin", "bin", "directory of the built binaries")
+	f.StringVar(&opts.WasmDir, "wasm", "build/wasm", "directory of the built filters")
+	f.StringVar(&opts.KubeBinDir, "kubeBin", os.Getenv("WASMESH_KUBE_BIN_DIR"), "directory of kube-apiserver, etcd, ... (make kube-bin)")
+	f.StringVar(&opts.SampleDir, "config", "testenv/samples/bookinfo", "sample config directory (Istio YAML, templates with {{.WasmDir}}; its ServiceEntries are replaced by Services)")
+	f.Float64Var(&rate, "rate", 20, "requests per second sent to the front end")
+	f.DurationVar(&interval, "interval", 2*time.Second, "how often the live summary is printed")
+	f.BoolVar(&once, "once", false, "print the summary once after the first requests, then stop (a smoke test)")
+	return cmd
+}
+
+func run(out io.Writer, opts kubemesh.Options, rate float64, interval time.Duration, once bool) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	signal.Ignore(syscall.SIGPIPE)
+	for _, p := range []*string{&opts.Dir, &opts.BinDir, &opts.WasmDir, &opts.SampleDir} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return err
+		}
+		*p = abs
+	}
+	if err := os.RemoveAll(opts.Dir); err != nil {
+		return err
+	}
+	opts.Logf = func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) }
+	fmt.Fprintln(out, "starting the Kubernetes control plane, a node, and discovery (2 replicas)")
+	begin := time.Now()
+	m, err := kubemesh.Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Fprintln(out, "stopping: the node's pods, the control plane")
+		m.Close()
+		fmt.Fprintln(out, "stopped; logs are in", filepath.Join(m.Dir(), "node", "pods"), "and", filepath.Join(m.Dir(), "cluster"))
+	}()
+	s, err := m.Sample()
+	if err != nil {
+		return err
+	}
+	applied := time.Now()
+	if err := m.ApplySample(ctx, s); err != nil {
+		return err
+	}
+	first, err := m.WaitFirstRequest(ctx, 3*time.Minute)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nthe mesh is up: first successful request through it %v after the sample was applied (%v after start)\n\n",
+		first.Sub(applied).Round(time.Millisecond), first.Sub(begin).Round(time.Millisecond))
+	frontURL := m.FrontURL(ctx, "/")
+	load, err := loadgen.Start(ctx, loadgen.Config{Rate: rate, Concurrency: 32,
+		Request: func(int) (*http.Request, error) { return http.NewRequest(http.MethodGet, frontURL, nil) },
+		Failed:  func(status int) bool { return status != http.StatusOK },
+	})
+	if err != nil {
+		return err
+	}
+	printGuide(out, m, frontURL)
+	return summarize(ctx, out, m, load, interval, once)
+}
+
+func printGuide(out io.Writer, m *kubemesh.Mesh, frontURL string) {
+	// The mesh lives in this process's network namespace: reach it from a shell with nsenter.
+	enter := fmt.Sprintf("nsenter --net=/proc/%d/ns/net", os.Getpid())
+	fmt.Fprintf(out, "kubectl:    %s %s --kubeconfig %s get pods -A\n", enter, m.KubectlPath(), m.Cluster.Kubeconfig)
+	fmt.Fprintf(out, "front end:  %s curl %s\n", enter, frontURL)
+	fmt.Fprintf(out, "discovery:  through %s (the istiod Service's xDS port); debug pages on each replica's pod IP, port 15014\n", m.XDS.Addr())
+	fmt.Fprintf(out, "logs:       %s/<namespace>_<pod>_<uid>/logs/<container>/<run>.log\n", filepath.Join(m.Dir(), "node", "pods"))
+	fmt.Fprintln(out, "\nCtrl-C stops everything.")
+}
+
+// summarize prints the load and discovery's replicas every interval until ctx ends (or
+// once).
+func summarize(ctx context.Context, out io.Writer, m *kubemesh.Mesh, load *loadgen.Generator, interval time.Duration, once bool) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	prev := load.Snapshot()
+	for {
+		select {
+		case <-ctx.Done():
+			res := load.Stop()
+			fmt.Fprintf(out, "\nload: %s\n", res.String())
+			return nil
+		case <-t.C:
+		}
+		cur := load.Snapshot()
+		secs := (cur.Elapsed - prev.Elapsed).Seconds()
+		done := (cur.Succeeded + cur.Failed) - (prev.Succeeded + prev.Failed)
+		fmt.Fprintf(out, "\n%s  %.1f req/s  failed %d of %d  p50 %v  p99 %v\n", time.Now().Format("15:04:05"), float64(done)/secs,
+			cur.Failed, cur.Succeeded+cur.Failed, cur.Quantile(0.5).Round(10*time.Microsecond), cur.Quantile(0.99).Round(10*time.Microsecond))
+		prev = cur
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		reps, err := m.Replicas(cctx)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(out, "  discovery: %v\n", err)
+		}
+		for _, r := range reps {
+			fmt.Fprintf(out, "  discovery %-28s %-15s ready %-5v leading %-5v restarts %d  proxies %d\n",
+				r.Pod, r.IP, r.Ready, r.Leader.Leading, r.Restarts, len(r.Proxies))
+		}
+		if once {
+			res := load.Stop()
+			fmt.Fprintf(out, "\nload: %s\n", res.String())
+			return nil
+		}
+	}
+}
