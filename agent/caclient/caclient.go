@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -39,11 +40,16 @@ type Config struct {
 	ClientCertificate func() *tls.Certificate
 }
 
-// Client is a connection to the CA; gRPC reconnects it as needed.
+// Client is a connection to the CA; gRPC reconnects it as needed, and it is dialled
+// anew when the workload's certificate changes, so that a renewal presents the current
+// one (TLS sends a client certificate only in the handshake).
 type Client struct {
-	cfg  Config
-	conn *grpc.ClientConn
-	api  securityapi.IstioCertificateServiceClient
+	cfg Config
+
+	mu       sync.Mutex
+	conn     *grpc.ClientConn
+	api      securityapi.IstioCertificateServiceClient
+	dialedAs *tls.Certificate
 }
 
 // New checks the configuration and prepares the connection (it dials lazily).
@@ -61,17 +67,55 @@ func New(cfg Config) (*Client, error) {
 	if cfg.RootFile == "" {
 		return nil, errors.New("CA client: no root certificate file to trust the CA with (CA_ROOT_CA)")
 	}
-	conn, err := grpc.NewClient(cfg.Address,
-		grpc.WithTransportCredentials(credentials.NewTLS(cfg.tlsConfig())),
-		grpc.WithPerRPCCredentials(tokenFile(cfg.TokenFile)))
-	if err != nil {
-		return nil, fmt.Errorf("CA %s: %w", cfg.Address, err)
+	c := &Client{cfg: cfg}
+	if _, err := c.connection(); err != nil {
+		return nil, err
 	}
-	return &Client{cfg: cfg, conn: conn, api: securityapi.NewIstioCertificateServiceClient(conn)}, nil
+	return c, nil
+}
+
+// connection is the gRPC client for the workload's current certificate.
+func (c *Client) connection() (securityapi.IstioCertificateServiceClient, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var cert *tls.Certificate
+	if c.cfg.ClientCertificate != nil {
+		cert = c.cfg.ClientCertificate()
+	}
+	if c.conn != nil && cert == c.dialedAs {
+		return c.api, nil
+	}
+	tlsc := c.cfg.tlsConfig()
+	tlsc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if cert == nil {
+			return &tls.Certificate{}, nil
+		}
+		return cert, nil
+	}
+	conn, err := grpc.NewClient(c.cfg.Address,
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsc)),
+		grpc.WithPerRPCCredentials(tokenFile(c.cfg.TokenFile)))
+	if err != nil {
+		return nil, fmt.Errorf("CA %s: %w", c.cfg.Address, err)
+	}
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	c.conn, c.api, c.dialedAs = conn, securityapi.NewIstioCertificateServiceClient(conn), cert
+	return c.api, nil
 }
 
 // Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == nil {
+		return nil
+	}
+	err := c.conn.Close()
+	c.conn = nil
+	return err
+}
 
 // Address is the CA's address.
 func (c *Client) Address() string { return c.cfg.Address }
@@ -80,7 +124,11 @@ func (c *Client) Address() string { return c.cfg.Address }
 // the API defines it. The error keeps the gRPC status (PermissionDenied: the CA refused
 // the caller or the identity; Unavailable: not reached).
 func (c *Client) Sign(ctx context.Context, csrPEM []byte, ttl time.Duration) ([]string, error) {
-	resp, err := c.api.CreateCertificate(ctx, &securityapi.IstioCertificateRequest{
+	api, err := c.connection()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := api.CreateCertificate(ctx, &securityapi.IstioCertificateRequest{
 		Csr: string(csrPEM), ValidityDuration: int64(ttl / time.Second),
 	})
 	if err != nil {
@@ -117,14 +165,6 @@ func (cfg Config) tlsConfig() *tls.Config {
 				return fmt.Errorf("the CA's certificate is not trusted by %s for %q: %w", cfg.RootFile, cfg.ServerName, err)
 			}
 			return nil
-		},
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if cfg.ClientCertificate != nil {
-				if c := cfg.ClientCertificate(); c != nil {
-					return c, nil
-				}
-			}
-			return &tls.Certificate{}, nil
 		},
 	}
 }

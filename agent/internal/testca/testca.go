@@ -32,6 +32,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	securityapi "istio.io/api/security/v1alpha1"
+
+	"github.com/wasmesh/wasmesh/agent/csr"
 )
 
 // ServerName is the name on the CA's serving certificate (Istio's istiod SAN).
@@ -218,4 +220,17 @@ func peerTLS(ctx context.Context) (credentials.TLSInfo, bool) {
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	return ti, ok
+}
+
+// Issue makes a key and a certificate for the SPIFFE id directly, as files mounted by
+// an operator would hold them (PEM chain, PEM key).
+func (ca *CA) Issue(t testing.TB, id string, lifetime time.Duration) (chain, key []byte) {
+	t.Helper()
+	u, err := url.Parse(id)
+	require.NoError(t, err)
+	req, err := csr.New(csr.ECDSA, u)
+	require.NoError(t, err)
+	parsed, err := csr.Parse(req.CSR)
+	require.NoError(t, err)
+	return []byte(ca.sign(parsed, u, lifetime)), req.Key
 }
