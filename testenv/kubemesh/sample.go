@@ -195,6 +195,28 @@ func (m *Mesh) WaitAvailable(ctx context.Context, ds ...*appsv1.Deployment) erro
 	return nil
 }
 
+// WaitRolledOut waits until the Deployment's rollout is complete and no pod of an older
+// revision or a scaled-down replica is left, even terminating.
+func (m *Mesh) WaitRolledOut(ctx context.Context, ns, name string) error {
+	return m.waitFor(ctx, 3*time.Minute, "Deployment "+ns+"/"+name+" to be rolled out", func() error {
+		if err := m.rolledOut(ctx, ns, name); err != nil {
+			return err
+		}
+		d, err := m.Cluster.Client.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		pods, err := m.pods(ctx, ns, labels.Set(d.Spec.Selector.MatchLabels))
+		if err != nil {
+			return err
+		}
+		if len(pods) != int(*d.Spec.Replicas) {
+			return fmt.Errorf("%d pods for %d replicas", len(pods), *d.Spec.Replicas)
+		}
+		return nil
+	}, ns)
+}
+
 // rolledOut is nil once the Deployment's rollout is complete, as `kubectl rollout status`
 // judges it, with every replica ready.
 func (m *Mesh) rolledOut(ctx context.Context, ns, name string) error {
