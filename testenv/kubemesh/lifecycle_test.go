@@ -148,4 +148,3 @@ func onlyVersion(t *testing.T, front, version string, n int) bool {
 	}
 	return len(as) == n
 }
-
