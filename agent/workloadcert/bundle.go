@@ -127,5 +127,4 @@ func describe(b *Bundle) []any {
 	return []any{"identity", id, "serial", b.Leaf.SerialNumber.Text(16), "notAfter", b.Leaf.NotAfter.UTC().Format(time.RFC3339)}
 }
 
-
 func nan() float64 { return math.NaN() }
