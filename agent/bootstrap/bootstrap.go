@@ -52,6 +52,9 @@ type Input struct {
 	ReadinessPort  int
 	PrometheusPort int
 	Version        string
+	// SDSSocketPath, when set, is the agent's SDS socket: the bootstrap gets Istio's
+	// sds-grpc cluster, a pipe to it.
+	SDSSocketPath string
 }
 
 // Params is the data a bootstrap template is executed with. A custom template may use
@@ -83,6 +86,8 @@ type Params struct {
 	ServiceNode       string
 	WorkloadName      string
 	ConcurrencyOrZero int
+	// SDSSocketPath is the agent's SDS socket (empty: no sds-grpc cluster).
+	SDSSocketPath string
 }
 
 // NodeID is Istio's sidecar node id.
@@ -231,6 +236,7 @@ func NewParams(in Input) (*Params, error) {
 		ProxyConfigJSON:   pcJSON,
 		WorkloadName:      workload,
 		ConcurrencyOrZero: int(pc.GetConcurrency().GetValue()),
+		SDSSocketPath:     in.SDSSocketPath,
 	}, nil
 }
 

@@ -48,6 +48,10 @@ func renderCase(t *testing.T, dir string) ([]byte, error) {
 	in := InputFromEnv(env)
 	in.Labels, in.Annotations = pod.Labels, pod.Annotations
 	in.Version = "test"
+	// The agent serves SDS when it has a certificate source (package sidecar).
+	if b, err := os.ReadFile(filepath.Join(dir, "sds-socket")); err == nil {
+		in.SDSSocketPath = strings.TrimSpace(string(b))
+	}
 	envs := EnvMap(env)
 	pc, err := proxyconfig.Effective(proxyconfig.Layers{Env: envs["PROXY_CONFIG"], Annotations: pod.Annotations})
 	if err != nil {
