@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -160,9 +159,4 @@ func (f *FileCerts) reload() {
 	if !bytes.Equal(before, f.CABundle()) {
 		f.log.Info("webhook CA changed", "dir", f.dir)
 	}
-}
-
-// pemCert encodes a certificate.
-func pemCert(der []byte) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

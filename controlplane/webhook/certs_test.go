@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/wasmesh/wasmesh/controlplane/ca"
 )
 
 func generated(t *testing.T, client *fake.Clientset, ttl time.Duration) *GeneratedCerts {
@@ -121,15 +123,15 @@ func TestRenewalKeepsTheSecretAndAdoptsANewCA(t *testing.T) {
 
 	// Replaced by a kubernetes.io/tls Secret of another CA.
 	changed := g.Changed()
-	other, err := newAuthority(time.Now())
+	other, err := ca.NewSelfSigned(time.Now())
 	require.NoError(t, err)
-	sec.Data = map[string][]byte{corev1.TLSCertKey: other.certPEM, corev1.TLSPrivateKeyKey: other.keyPEM}
+	sec.Data = map[string][]byte{corev1.TLSCertKey: other.CertPEM, corev1.TLSPrivateKeyKey: other.KeyPEM}
 	_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	_, err = g.renew(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, string(other.certPEM), string(g.CABundle()))
-	verifies(t, g, other.certPEM)
+	assert.Equal(t, string(other.CertPEM), string(g.CABundle()))
+	verifies(t, g, other.CertPEM)
 	select {
 	case <-changed:
 	default:
@@ -141,8 +143,8 @@ func TestRenewalKeepsTheSecretAndAdoptsANewCA(t *testing.T) {
 	_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	_, err = g.renew(ctx)
-	require.ErrorContains(t, err, "webhook CA Secret istio-system/"+DefaultCASecret)
-	verifies(t, g, other.certPEM)
+	require.ErrorContains(t, err, "CA Secret istio-system/"+DefaultCASecret)
+	verifies(t, g, other.CertPEM)
 }
 
 // The serving certificate is renewed before it expires and served from the next
@@ -176,15 +178,15 @@ func TestServingCertificateRotatesWithoutRestart(t *testing.T) {
 		"a new certificate is served")
 }
 
-func writeCertDir(t *testing.T, dir string, ca *authority, g *GeneratedCerts) {
+func writeCertDir(t *testing.T, dir string, authority *ca.Authority, g *GeneratedCerts) {
 	t.Helper()
-	cert, _, err := g.issue(ca)
+	cert, err := g.issue(authority)
 	require.NoError(t, err)
 	kder, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, KeyFile), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, CertFile), pemCert(cert.Certificate[0]), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, CAFile), ca.certPEM, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, CertFile), ca.PEMCert(cert.Certificate[0]), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, CAFile), authority.CertPEM, 0o644))
 }
 
 // Certificates from a directory are reloaded when it changes; a change that does not load
@@ -192,13 +194,13 @@ func writeCertDir(t *testing.T, dir string, ca *authority, g *GeneratedCerts) {
 func TestFileCertsReload(t *testing.T) {
 	dir := t.TempDir()
 	issuer := generated(t, fake.NewClientset(), time.Hour)
-	ca1, err := newAuthority(time.Now())
+	ca1, err := ca.NewSelfSigned(time.Now())
 	require.NoError(t, err)
 	writeCertDir(t, dir, ca1, issuer)
 	f, err := NewFileCerts(dir, quiet)
 	require.NoError(t, err)
-	assert.Equal(t, string(ca1.certPEM), string(f.CABundle()))
-	verifies(t, f, ca1.certPEM)
+	assert.Equal(t, string(ca1.CertPEM), string(f.CABundle()))
+	verifies(t, f, ca1.CertPEM)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -206,7 +208,7 @@ func TestFileCertsReload(t *testing.T) {
 	changed := f.Changed()
 	go func() { defer close(done); _ = f.Run(ctx) }()
 
-	ca2, err := newAuthority(time.Now())
+	ca2, err := ca.NewSelfSigned(time.Now())
 	require.NoError(t, err)
 	writeCertDir(t, dir, ca2, issuer)
 	select {
@@ -214,31 +216,31 @@ func TestFileCertsReload(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the new CA was not loaded")
 	}
-	require.Eventually(t, func() bool { return string(f.CABundle()) == string(ca2.certPEM) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return string(f.CABundle()) == string(ca2.CertPEM) }, 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
 		c, _ := f.GetCertificate(nil)
 		leaf, _ := x509.ParseCertificate(c.Certificate[0])
-		return leaf.CheckSignatureFrom(ca2.cert) == nil
+		return leaf.CheckSignatureFrom(ca2.Cert) == nil
 	}, 10*time.Second, 10*time.Millisecond, "the new pair is served")
 
 	require.NoError(t, os.WriteFile(filepath.Join(dir, CertFile), []byte("garbage"), 0o644))
 	f.reload() // as the watcher does on the write
-	verifies(t, f, ca2.certPEM)
+	verifies(t, f, ca2.CertPEM)
 }
 
 func TestFileCertsRefusesWhatCannotServe(t *testing.T) {
 	issuer := generated(t, fake.NewClientset(), time.Hour)
-	ca, err := newAuthority(time.Now())
+	authority, err := ca.NewSelfSigned(time.Now())
 	require.NoError(t, err)
-	other, err := newAuthority(time.Now())
+	other, err := ca.NewSelfSigned(time.Now())
 	require.NoError(t, err)
 
 	_, err = NewFileCerts(filepath.Join(t.TempDir(), "missing"), quiet)
 	assert.ErrorContains(t, err, "webhookCertDir")
 
 	dir := t.TempDir()
-	writeCertDir(t, dir, ca, issuer)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, CAFile), other.certPEM, 0o644))
+	writeCertDir(t, dir, authority, issuer)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, CAFile), other.CertPEM, 0o644))
 	_, err = NewFileCerts(dir, quiet)
 	assert.ErrorContains(t, err, "tls.crt is not signed by ca.crt")
 }

@@ -1,0 +1,154 @@
+package ca
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// errNoIdentity marks a caller that authenticated but whose identity is not a workload's.
+var errNoIdentity = errors.New("no workload identity")
+
+// authenticate finds who calls: the holder of a valid workload certificate of this mesh (a
+// renewal), else the bearer of a Kubernetes service-account token or a local-mesh
+// credential. A caller none of them accepts is refused Unauthenticated, and counted.
+func (s *Server) authenticate(ctx context.Context, a *Authority, trustDomain string) (Identity, error) {
+	var reasons []string
+	if leaf, chain := peerCertificate(ctx); leaf != nil {
+		id, err := s.fromCertificate(a, leaf, chain, trustDomain)
+		if err == nil {
+			return id, nil
+		}
+		reasons = append(reasons, "client certificate: "+err.Error())
+	}
+	token, err := bearer(ctx)
+	if err == nil {
+		var id Identity
+		id, err = s.fromToken(ctx, token)
+		if err == nil {
+			return id, nil
+		}
+	}
+	reasons = append(reasons, err.Error())
+	if errors.Is(err, errNoIdentity) {
+		s.metrics.idExtraction.Inc()
+	}
+	s.metrics.authnFailure.Inc()
+	msg := "authenticating the caller: " + strings.Join(reasons, "; ")
+	s.log.Warn("CSR caller not authenticated", "reasons", strings.Join(reasons, "; "))
+	return Identity{}, status.Error(codes.Unauthenticated, msg)
+}
+
+// peerCertificate is the client certificate of the TLS connection (nil without one) and the
+// certificates sent after it.
+func peerCertificate(ctx context.Context) (*x509.Certificate, []*x509.Certificate) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.PeerCertificates) == 0 {
+		return nil, nil
+	}
+	return info.State.PeerCertificates[0], info.State.PeerCertificates[1:]
+}
+
+// fromCertificate accepts a workload certificate that chains to the CA's roots now and names
+// one SPIFFE identity of this trust domain.
+func (s *Server) fromCertificate(a *Authority, leaf *x509.Certificate, chain []*x509.Certificate, trustDomain string) (Identity, error) {
+	inter := x509.NewCertPool()
+	for _, c := range chain {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: a.Roots(), Intermediates: inter, CurrentTime: s.now(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return Identity{}, fmt.Errorf("not a valid certificate of this mesh: %w", err)
+	}
+	if len(leaf.URIs) != 1 {
+		return Identity{}, fmt.Errorf("%w: the certificate has %d URI SANs, want one SPIFFE ID", errNoIdentity, len(leaf.URIs))
+	}
+	return ParseSPIFFE(leaf.URIs[0].String(), trustDomain)
+}
+
+// ParseSPIFFE reads spiffe://<trustDomain>/ns/<ns>/sa/<sa>.
+func ParseSPIFFE(id, trustDomain string) (Identity, error) {
+	rest, ok := strings.CutPrefix(id, "spiffe://"+trustDomain+"/")
+	parts := strings.Split(rest, "/")
+	if !ok || len(parts) != 4 || parts[0] != "ns" || parts[2] != "sa" || parts[1] == "" || parts[3] == "" {
+		return Identity{}, fmt.Errorf("%w: %q is not spiffe://%s/ns/<namespace>/sa/<service account>", errNoIdentity, id, trustDomain)
+	}
+	return Identity{Namespace: parts[1], ServiceAccount: parts[3]}, nil
+}
+
+// bearer is the token of the authorization metadata ("Bearer <token>").
+func bearer(ctx context.Context) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("authorization")
+	if len(vals) == 0 {
+		return "", errors.New("no client certificate and no bearer token (authorization metadata)")
+	}
+	tok, ok := strings.CutPrefix(vals[0], "Bearer ")
+	if !ok || strings.TrimSpace(tok) == "" {
+		return "", errors.New(`the authorization metadata is not "Bearer <token>"`)
+	}
+	return strings.TrimSpace(tok), nil
+}
+
+// fromToken checks a local-mesh credential with the local key, anything else with the
+// TokenReview API.
+func (s *Server) fromToken(ctx context.Context, token string) (Identity, error) {
+	if strings.HasPrefix(token, CredentialPrefix) {
+		if s.opts.LocalKey == nil {
+			return Identity{}, errors.New("a local-mesh credential, but discovery has no localCredentialKey")
+		}
+		c, err := VerifyCredential(s.opts.LocalKey, token, s.now())
+		if err != nil {
+			return Identity{}, err
+		}
+		return Identity{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount}, nil
+	}
+	if s.opts.Kube == nil {
+		return Identity{}, errors.New("a bearer token, but discovery checks only local-mesh credentials (no Kubernetes API server)")
+	}
+	return s.tokenReview(ctx, token)
+}
+
+// tokenReview asks the API server whose token it is, for audience istio-ca.
+func (s *Server) tokenReview(ctx context.Context, token string) (Identity, error) {
+	tr, err := s.opts.Kube.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{CredentialAudience}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return Identity{}, fmt.Errorf("TokenReview: %w", err)
+	}
+	st := tr.Status
+	if !st.Authenticated {
+		if st.Error == "" {
+			st.Error = "not authenticated"
+		}
+		return Identity{}, fmt.Errorf("service-account token refused by TokenReview: %s", st.Error)
+	}
+	audienceOK := false
+	for _, aud := range st.Audiences {
+		audienceOK = audienceOK || aud == CredentialAudience
+	}
+	if !audienceOK {
+		return Identity{}, fmt.Errorf("service-account token for audiences %v, not %s", st.Audiences, CredentialAudience)
+	}
+	rest, ok := strings.CutPrefix(st.User.Username, "system:serviceaccount:")
+	ns, sa, found := strings.Cut(rest, ":")
+	if !ok || !found || ns == "" || sa == "" {
+		return Identity{}, fmt.Errorf("%w: the token is %q's, not a service account's", errNoIdentity, st.User.Username)
+	}
+	return Identity{Namespace: ns, ServiceAccount: sa}, nil
+}
