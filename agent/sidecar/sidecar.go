@@ -37,8 +37,10 @@ import (
 	"github.com/wasmesh/wasmesh/agent/podinfo"
 	"github.com/wasmesh/wasmesh/agent/probe"
 	"github.com/wasmesh/wasmesh/agent/proxyconfig"
+	"github.com/wasmesh/wasmesh/agent/sds"
 	"github.com/wasmesh/wasmesh/agent/status"
 	"github.com/wasmesh/wasmesh/agent/supervisor"
+	"github.com/wasmesh/wasmesh/agent/workloadcert"
 )
 
 // Options are the agent's inputs. Zero values mean "not given": the ProxyConfig (from
@@ -59,6 +61,12 @@ type Options struct {
 	PodInfoDir             string
 	CertFiles              []string
 	CertCheckInterval      time.Duration
+	// CredentialsDir holds mounted workload credentials served by SDS (default Istio's
+	// ./var/run/secrets/workload-spiffe-credentials).
+	CredentialsDir string
+	// SDSSocket is where the agent serves SDS (default Istio's
+	// ./var/run/secrets/workload-spiffe-uds/socket).
+	SDSSocket string
 	// Env is the agent's environment (os.Environ()).
 	Env []string
 	// Retry is the restart policy (default 10 retries from 200 ms).
@@ -97,6 +105,7 @@ type Agent struct {
 	policy     drain.Policy
 	statusAddr string
 	registry   *prometheus.Registry
+	certs      *certSource
 	sup        *supervisor.Supervisor
 	draining   atomic.Bool
 }
@@ -127,7 +136,14 @@ func New(o Options) (*Agent, error) {
 	if o.ProxyLogLevel == "" {
 		o.ProxyLogLevel = "warning"
 	}
-	a := &Agent{o: o, log: o.Log, env: bootstrap.EnvMap(o.Env)}
+	if o.CredentialsDir == "" {
+		o.CredentialsDir = workloadcert.DefaultCredentialsDir
+	}
+	if o.SDSSocket == "" {
+		o.SDSSocket = sds.DefaultSocketPath
+	}
+	a := &Agent{o: o, log: o.Log, env: bootstrap.EnvMap(o.Env), registry: prometheus.NewRegistry()}
+	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	pod, err := podinfo.Read(o.PodInfoDir)
 	if err != nil {
@@ -159,8 +175,15 @@ func New(o Options) (*Agent, error) {
 		pc.Concurrency = wrapperspb.Int32(int32(o.Concurrency))
 	}
 	a.pc = pc
+	served := workloadcert.NewServed(a.registry, nil)
+	if a.certs, err = newCertSource(a.env, o, pc.GetDiscoveryAddress(), served, a.registry, a.log); err != nil {
+		return nil, err
+	}
 
 	in := bootstrap.InputFromEnv(o.Env)
+	if a.certs != nil {
+		in.SDSSocketPath = o.SDSSocket
+	}
 	in.Labels, in.Annotations = pod.Labels, pod.Annotations
 	in.ProxyConfig = pc
 	in.ServiceCluster = o.ServiceCluster
@@ -200,9 +223,6 @@ func New(o Options) (*Agent, error) {
 		return nil, err
 	}
 	a.statusAddr = net.JoinHostPort(a.params.Wildcard, strconv.Itoa(int(pc.GetStatusPort())))
-
-	a.registry = prometheus.NewRegistry()
-	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	baseID, err := baseID(a.env)
 	if err != nil {
@@ -287,6 +307,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Add(2)
 	go func() { defer wg.Done(); reporter.Run(runCtx) }()
 	go func() { defer wg.Done(); a.reportHealth(runCtx, srv, reporter) }()
+
+	if a.certs != nil {
+		spawn := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
+		if err := a.serveSDS(runCtx, spawn); err != nil {
+			return err
+		}
+	}
 
 	supErr := make(chan error, 1)
 	wg.Add(1)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasmesh/wasmesh/agent/internal/proxytest"
 	"github.com/wasmesh/wasmesh/agent/internal/testca"
 )
 
@@ -36,7 +37,7 @@ func TestMountedFilesServedAndFollowed(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, present)
 
-	log := &syncLog{}
+	log := &proxytest.Output{}
 	served := NewServed(prometheus.NewRegistry(), nil)
 	f := &Files{Dir: dir, Interval: time.Hour, Served: served, Log: slog.New(slog.NewTextHandler(log, nil))}
 	published := make(chan *Bundle, 4)

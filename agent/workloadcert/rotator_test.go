@@ -1,7 +1,6 @@
 package workloadcert
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"math"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/agent/caclient"
 	"github.com/wasmesh/wasmesh/agent/csr"
+	"github.com/wasmesh/wasmesh/agent/internal/proxytest"
 	"github.com/wasmesh/wasmesh/agent/internal/testca"
 )
 
@@ -71,29 +71,11 @@ func (c *fakeClock) next(t *testing.T) time.Duration {
 	}
 }
 
-// syncLog is a logger whose output the test reads while the rotator writes.
-type syncLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 type rig struct {
 	ca        *testca.CA
 	clock     *fakeClock
 	reg       *prometheus.Registry
-	log       *syncLog
+	log       *proxytest.Output
 	published chan *Bundle
 	rot       *Rotator
 	served    *Served
@@ -102,7 +84,7 @@ type rig struct {
 func newRig(t *testing.T, lifetime time.Duration, signer func(*testca.CA, string) Signer) *rig {
 	ca := testca.Start(t, lifetime)
 	token := ca.Allow(t, "tok", "cluster.local", "default", "reviews")
-	r := &rig{ca: ca, clock: newFakeClock(), reg: prometheus.NewRegistry(), log: &syncLog{}, published: make(chan *Bundle, 16)}
+	r := &rig{ca: ca, clock: newFakeClock(), reg: prometheus.NewRegistry(), log: &proxytest.Output{}, published: make(chan *Bundle, 16)}
 	r.served = NewServed(r.reg, r.clock.Now)
 	client, err := caclient.New(caclient.Config{Address: ca.Addr, RootFile: ca.RootFile, ServerName: testca.ServerName,
 		TokenFile: token, ClientCertificate: r.served.TLSCertificate})

@@ -20,8 +20,10 @@ import (
 	"github.com/wasmesh/wasmesh/agent/admin"
 	"github.com/wasmesh/wasmesh/agent/certwatch"
 	"github.com/wasmesh/wasmesh/agent/podinfo"
+	"github.com/wasmesh/wasmesh/agent/sds"
 	"github.com/wasmesh/wasmesh/agent/sidecar"
 	"github.com/wasmesh/wasmesh/agent/wait"
+	"github.com/wasmesh/wasmesh/agent/workloadcert"
 )
 
 // version is set at link time (-ldflags "-X main.version=...").
@@ -71,7 +73,7 @@ func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, *slog.Level
 	cmd := &cobra.Command{
 		Use:   "proxy sidecar",
 		Short: "Run the proxy beside a workload: bootstrap, supervise, serve status, drain on SIGTERM",
-		Long:  sidecarHelp,
+		Long:  sidecarHelp + "\n\n" + sidecar.CertHelp,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 || args[0] != "sidecar" {
 				return fmt.Errorf("want `agent proxy sidecar`, got %v", args)
@@ -113,6 +115,8 @@ func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, *slog.Level
 	f.StringVar(&certDir, "certDir", "/etc/certs", "directory of cert-chain.pem, key.pem, root-cert.pem")
 	f.StringSliceVar(&o.CertFiles, "certFiles", nil, "certificate files to watch (overrides --certDir)")
 	f.DurationVar(&o.CertCheckInterval, "certCheckInterval", certwatch.DefaultInterval, "period of the certificate hash check")
+	f.StringVar(&o.CredentialsDir, "credentialsDir", workloadcert.DefaultCredentialsDir, "mounted workload credentials served by SDS instead of a CSR, when present")
+	f.StringVar(&o.SDSSocket, "sdsSocket", sds.DefaultSocketPath, "Unix socket where the agent serves SDS to the proxy")
 	return cmd
 }
 
@@ -207,5 +211,6 @@ Environment (Istio's names; the downward API sets the pod's in a pod):
                                the local mesh's per-pod loopback addresses and hot-restart
                                base id (pods sharing one network namespace)
 
-Files: --podInfoDir holds the downward-API labels and annotations; --certDir the workload
-certificates (cert-chain.pem, key.pem, root-cert.pem), watched for rotation.`
+Files: --podInfoDir holds the downward-API labels and annotations; --certDir certificates
+the proxy reads itself (cert-chain.pem, key.pem, root-cert.pem; Istio's FILE_MOUNTED_CERTS),
+watched: a change hot-restarts the proxy.`

@@ -280,7 +280,9 @@ func TestSidecarHelpListsItsEnvironment(t *testing.T) {
 	code, out, errOut := runAgent(t, nil, "proxy", "sidecar", "--help")
 	require.Equal(t, 0, code, errOut)
 	for _, env := range []string{"POD_NAME", "POD_NAMESPACE", "INSTANCE_IP", "SERVICE_ACCOUNT", "PROXY_CONFIG", "ISTIO_META_",
-		"ISTIO_DELTA_XDS", "ISTIO_KUBE_APP_PROBERS", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "MINIMUM_DRAIN_DURATION", "localhost:15010"} {
+		"ISTIO_DELTA_XDS", "ISTIO_KUBE_APP_PROBERS", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "MINIMUM_DRAIN_DURATION", "localhost:15010",
+		"WASMESH_CA_TOKEN_FILE", "PILOT_CERT_PROVIDER", "CA_ADDR", "CA_ROOT_CA", "ISTIOD_SAN", "TRUST_DOMAIN", "SECRET_TTL",
+		"SECRET_GRACE_PERIOD_RATIO", "ECC_SIGNATURE_ALGORITHM", "--credentialsDir", "--sdsSocket"} {
 		assert.Contains(t, out, env)
 	}
 }
