@@ -11,15 +11,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/wasmesh/wasmesh/testenv/internal/meshrunner"
 	"github.com/wasmesh/wasmesh/testenv/kubemesh"
 	"github.com/wasmesh/wasmesh/testenv/loadgen"
 )
@@ -71,19 +69,11 @@ func command() *cobra.Command {
 }
 
 func run(out io.Writer, opts kubemesh.Options, rate float64, interval time.Duration, once bool) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	signal.Ignore(syscall.SIGPIPE)
-	for _, p := range []*string{&opts.Dir, &opts.BinDir, &opts.WasmDir, &opts.SampleDir} {
-		abs, err := filepath.Abs(*p)
-		if err != nil {
-			return err
-		}
-		*p = abs
-	}
-	if err := os.RemoveAll(opts.Dir); err != nil {
+	ctx, stop, err := meshrunner.Setup(&opts.Dir, &opts.BinDir, &opts.WasmDir, &opts.SampleDir)
+	if err != nil {
 		return err
 	}
+	defer stop()
 	opts.Logf = func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) }
 	fmt.Fprintln(out, "starting the Kubernetes control plane, a node, and discovery (2 replicas)")
 	begin := time.Now()
@@ -111,15 +101,13 @@ func run(out io.Writer, opts kubemesh.Options, rate float64, interval time.Durat
 	fmt.Fprintf(out, "\nthe mesh is up: first successful request through it %v after the sample was applied (%v after start)\n\n",
 		first.Sub(applied).Round(time.Millisecond), first.Sub(begin).Round(time.Millisecond))
 	frontURL := m.FrontURL(ctx, "/")
-	load, err := loadgen.Start(ctx, loadgen.Config{Rate: rate, Concurrency: 32,
-		Request: func(int) (*http.Request, error) { return http.NewRequest(http.MethodGet, frontURL, nil) },
-		Failed:  func(status int) bool { return status != http.StatusOK },
-	})
+	load, err := meshrunner.StartLoad(ctx, frontURL, rate)
 	if err != nil {
 		return err
 	}
 	printGuide(out, m, frontURL)
-	return summarize(ctx, out, m, load, interval, once)
+	meshrunner.Summarize(ctx, out, load, interval, once, func(prev, cur loadgen.Result) { printSummary(ctx, out, m, prev, cur) })
+	return nil
 }
 
 func printGuide(out io.Writer, m *kubemesh.Mesh, frontURL string) {
@@ -132,40 +120,18 @@ func printGuide(out io.Writer, m *kubemesh.Mesh, frontURL string) {
 	fmt.Fprintln(out, "\nCtrl-C stops everything.")
 }
 
-// summarize prints the load and discovery's replicas every interval until ctx ends (or
-// once).
-func summarize(ctx context.Context, out io.Writer, m *kubemesh.Mesh, load *loadgen.Generator, interval time.Duration, once bool) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	prev := load.Snapshot()
-	for {
-		select {
-		case <-ctx.Done():
-			res := load.Stop()
-			fmt.Fprintf(out, "\nload: %s\n", res.String())
-			return nil
-		case <-t.C:
-		}
-		cur := load.Snapshot()
-		secs := (cur.Elapsed - prev.Elapsed).Seconds()
-		done := (cur.Succeeded + cur.Failed) - (prev.Succeeded + prev.Failed)
-		fmt.Fprintf(out, "\n%s  %.1f req/s  failed %d of %d  p50 %v  p99 %v\n", time.Now().Format("15:04:05"), float64(done)/secs,
-			cur.Failed, cur.Succeeded+cur.Failed, cur.Quantile(0.5).Round(10*time.Microsecond), cur.Quantile(0.99).Round(10*time.Microsecond))
-		prev = cur
-		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		reps, err := m.Replicas(cctx)
-		cancel()
-		if err != nil {
-			fmt.Fprintf(out, "  discovery: %v\n", err)
-		}
-		for _, r := range reps {
-			fmt.Fprintf(out, "  discovery %-28s %-15s ready %-5v leading %-5v restarts %d  proxies %d\n",
-				r.Pod, r.IP, r.Ready, r.Leader.Leading, r.Restarts, len(r.Proxies))
-		}
-		if once {
-			res := load.Stop()
-			fmt.Fprintf(out, "\nload: %s\n", res.String())
-			return nil
-		}
+// printSummary prints one screen: the load over the last interval and each discovery
+// replica (pod IP, readiness, leadership, restarts, proxies served).
+func printSummary(ctx context.Context, out io.Writer, m *kubemesh.Mesh, prev, cur loadgen.Result) {
+	fmt.Fprintf(out, "\n%s\n", meshrunner.LoadLine(prev, cur))
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	reps, err := m.Replicas(cctx)
+	if err != nil {
+		fmt.Fprintf(out, "  discovery: %v\n", err)
+	}
+	for _, r := range reps {
+		fmt.Fprintf(out, "  discovery %-28s %-15s ready %-5v leading %-5v restarts %d  proxies %d\n",
+			r.Pod, r.IP, r.Ready, r.Leader.Leading, r.Restarts, len(r.Proxies))
 	}
 }

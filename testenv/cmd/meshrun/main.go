@@ -8,17 +8,15 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/wasmesh/wasmesh/testenv/internal/meshrunner"
 	"github.com/wasmesh/wasmesh/testenv/loadgen"
 	"github.com/wasmesh/wasmesh/testenv/localmesh"
 )
@@ -59,21 +57,11 @@ func command() *cobra.Command {
 
 func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Duration, once bool) error {
 	begin := time.Now()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// A closed output (`make run | tee run.log`, tee gone at Ctrl-C) must not kill meshrun
-	// before it has drained and stopped the mesh: writes fail instead.
-	signal.Ignore(syscall.SIGPIPE)
-	for _, p := range []*string{&opts.Dir, &opts.BinDir, &opts.WasmDir, &opts.ConfigDir} {
-		abs, err := filepath.Abs(*p)
-		if err != nil {
-			return err
-		}
-		*p = abs
-	}
-	if err := os.RemoveAll(opts.Dir); err != nil {
+	ctx, stop, err := meshrunner.Setup(&opts.Dir, &opts.BinDir, &opts.WasmDir, &opts.ConfigDir)
+	if err != nil {
 		return err
 	}
+	defer stop()
 	opts.Logf = func(format string, args ...any) { fmt.Fprintf(out, "  "+format+"\n", args...) }
 	fmt.Fprintf(out, "starting the local mesh (proxy: %s)\n", or(opts.Proxy, "meshproxy"))
 	fmt.Fprintf(out, "logs: %s (discovery), %s (each pod's agent, proxy and app)\n",
@@ -108,10 +96,7 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 		}
 	}
 	frontURL := front.URL("/")
-	load, err := loadgen.Start(ctx, loadgen.Config{Rate: rate, Concurrency: 32,
-		Request: func(int) (*http.Request, error) { return http.NewRequest(http.MethodGet, frontURL, nil) },
-		Failed:  func(status int) bool { return status != http.StatusOK },
-	})
+	load, err := meshrunner.StartLoad(ctx, frontURL, rate)
 	if err != nil {
 		return err
 	}
@@ -119,29 +104,8 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 	fmt.Fprintf(out, "\nthe mesh is up: first successful request through it %v after start\n\n", first.Sub(begin).Round(time.Millisecond))
 	printGuide(out, m, frontURL)
 
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	prev := load.Snapshot()
-	for {
-		select {
-		case <-ctx.Done():
-			res := load.Stop()
-			fmt.Fprintf(out, "\nload: %s\n", res.String())
-			return nil
-		case <-t.C:
-		}
-		if ctx.Err() != nil { // both were ready: stopping goes first
-			continue
-		}
-		cur := load.Snapshot()
-		printSummary(ctx, out, m, prev, cur)
-		prev = cur
-		if once {
-			res := load.Stop()
-			fmt.Fprintf(out, "\nload: %s\n", res.String())
-			return nil
-		}
-	}
+	meshrunner.Summarize(ctx, out, load, interval, once, func(prev, cur loadgen.Result) { printSummary(ctx, out, m, prev, cur) })
+	return nil
 }
 
 func or(s, def string) string {
@@ -175,16 +139,7 @@ func printGuide(out io.Writer, m *localmesh.Mesh, frontURL string) {
 // printSummary prints one screen: the load's rate and errors over the last interval, and
 // the top istio_requests_total series of every pod by source, destination and code.
 func printSummary(ctx context.Context, out io.Writer, m *localmesh.Mesh, prev, cur loadgen.Result) {
-	secs := (cur.Elapsed - prev.Elapsed).Seconds()
-	done := (cur.Succeeded + cur.Failed) - (prev.Succeeded + prev.Failed)
-	failed := cur.Failed - prev.Failed
-	errRate := 0.0
-	if done > 0 {
-		errRate = 100 * float64(failed) / float64(done)
-	}
-	fmt.Fprintf(out, "\n%s  %.1f req/s  errors %.1f%%  (total %d, failed %d)  p50 %v  p99 %v\n",
-		time.Now().Format("15:04:05"), float64(done)/secs, errRate, cur.Succeeded+cur.Failed, cur.Failed,
-		cur.Quantile(0.5).Round(10*time.Microsecond), cur.Quantile(0.99).Round(10*time.Microsecond))
+	fmt.Fprintf(out, "\n%s\n", meshrunner.LoadLine(prev, cur))
 	type row struct {
 		key   string
 		value float64

@@ -4,7 +4,6 @@ package meshtest
 
 import (
 	"context"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasmesh/wasmesh/testenv/internal/meshrunner"
 	"github.com/wasmesh/wasmesh/testenv/loadgen"
 )
 
@@ -71,9 +71,7 @@ spec:
 // SteadyLoad sends GET requests to url at rate until stopped (a non-200 answer fails).
 func SteadyLoad(t *testing.T, ctx context.Context, url string, rate float64) *loadgen.Generator {
 	t.Helper()
-	g, err := loadgen.Start(ctx, loadgen.Config{Rate: rate, Concurrency: 32,
-		Request: func(int) (*http.Request, error) { return http.NewRequest(http.MethodGet, url, nil) },
-		Failed:  func(status int) bool { return status != http.StatusOK }})
+	g, err := meshrunner.StartLoad(ctx, url, rate)
 	require.NoError(t, err)
 	return g
 }
