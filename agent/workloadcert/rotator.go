@@ -132,11 +132,13 @@ func (r *Rotator) Run(ctx context.Context, publish func(*Bundle)) {
 		r.c.Served.Set(b)
 		r.log.Info("workload certificate issued", describe(b)...)
 		publish(b)
-		next := RefreshAt(b.Leaf.NotBefore, b.Leaf.NotAfter, r.c.GraceRatio)
+		// A certificate already due (a lifetime within the clock's skew, a CA that gave
+		// far less than asked) is renewed after the first back-off, not in a loop.
+		wait := max(RefreshAt(b.Leaf.NotBefore, b.Leaf.NotAfter, r.c.GraceRatio).Sub(r.c.Clock.Now()), r.c.Backoff.Initial)
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.c.Clock.After(next.Sub(r.c.Clock.Now())):
+		case <-r.c.Clock.After(wait):
 		}
 	}
 }

@@ -141,6 +141,14 @@ func TestRotationAtHalfTheLifetime(t *testing.T) {
 	assert.Same(t, second, r.served.Current())
 }
 
+// A certificate due at once does not make the rotator ask the CA in a loop.
+func TestCertificateDueAtOnceRenewedAfterTheFirstBackoff(t *testing.T) {
+	r := newRig(t, time.Second, nil)
+	r.nextBundle(t)
+	assert.Equal(t, time.Second, r.clock.next(t), "Backoff.Initial")
+	r.nextBundle(t)
+}
+
 func TestRefusedRenewalRetriedWithBackoffAndExpiryLogged(t *testing.T) {
 	r := newRig(t, time.Hour, nil)
 	first := r.nextBundle(t)
