@@ -6,10 +6,12 @@ package workloadcert
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync/atomic"
 	"time"
@@ -116,6 +118,60 @@ func (s *Served) TLSCertificate() *tls.Certificate {
 		return b.TLS
 	}
 	return nil
+}
+
+// Expiry is how near the served certificate is to its end.
+type Expiry int
+
+// The states of Expiry.
+const (
+	NoCertificate Expiry = iota
+	Valid
+	// ExpiringSoon is less than a quarter of the lifetime left.
+	ExpiringSoon
+	Expired
+)
+
+// Check says how near the served certificate is to its end, and how long it has left.
+func (s *Served) Check() (Expiry, time.Duration) {
+	b := s.cur.Load()
+	if b == nil {
+		return NoCertificate, 0
+	}
+	left := b.Leaf.NotAfter.Sub(s.now())
+	switch {
+	case left <= 0:
+		return Expired, left
+	case left < b.Lifetime()/4:
+		return ExpiringSoon, left
+	}
+	return Valid, left
+}
+
+// WatchExpiry checks the served certificate every period until ctx ends and logs, when
+// the state changes, that it nears its end or has expired: for certificates nobody here
+// renews (mounted files).
+func (s *Served) WatchExpiry(ctx context.Context, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := NoCertificate
+	for {
+		state, left := s.Check()
+		if state != last {
+			switch state {
+			case ExpiringSoon:
+				log.Error("the served workload certificate expires soon and nothing renews it", "expiresIn", left.Round(time.Second))
+			case Expired:
+				log.Error("the served workload certificate has EXPIRED", "expiredFor", (-left).Round(time.Second))
+			}
+			last = state
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // describe names a bundle in logs.

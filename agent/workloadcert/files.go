@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/wasmesh/wasmesh/agent/certwatch"
@@ -69,13 +70,22 @@ type Files struct {
 
 // Run publishes the files' bundle now and after every change, until ctx ends. Files
 // that do not make a valid bundle (half written, a key of another certificate) are
-// logged and the last good bundle stays served.
+// logged and the last good bundle stays served; one nearing its end is logged.
 func (f *Files) Run(ctx context.Context, publish func(*Bundle)) {
 	log := f.Log
 	if log == nil {
 		log = slog.Default()
 	}
 	log = log.With("scope", "workloadcert", "dir", f.Dir)
+	if f.Served != nil {
+		interval := f.Interval
+		if interval <= 0 {
+			interval = certwatch.DefaultInterval
+		}
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { f.Served.WatchExpiry(ctx, interval, log) })
+	}
 	certwatch.New(FileNames(f.Dir), f.Interval, log).Run(ctx, func(string) {
 		b, err := LoadFiles(f.Dir)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,4 +92,32 @@ func TestBadFilesAreNamed(t *testing.T) {
 	_, err = LoadFiles(dir)
 	assert.ErrorContains(t, err, "root certificates: no PEM certificate")
 	assert.ErrorContains(t, err, dir)
+}
+
+// Mounted certificates nobody renews are logged as they near their end and expire.
+func TestMountedCertificateNearingItsEndIsLogged(t *testing.T) {
+	ca := testca.Start(t, time.Hour)
+	dir := t.TempDir()
+	writeCreds(t, dir, ca, "spiffe://cluster.local/ns/default/sa/a")
+	var now atomic.Pointer[time.Time]
+	start := time.Now()
+	now.Store(&start)
+	log := &proxytest.Output{}
+	served := NewServed(nil, func() time.Time { return *now.Load() })
+	f := &Files{Dir: dir, Interval: 10 * time.Millisecond, Served: served, Log: slog.New(slog.NewTextHandler(log, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx, func(*Bundle) {}) }()
+	defer func() { cancel(); <-done }()
+
+	require.Eventually(t, func() bool { return served.Current() != nil }, 10*time.Second, 5*time.Millisecond)
+	assert.NotContains(t, log.String(), "expires soon")
+	soon := served.Current().Leaf.NotAfter.Add(-5 * time.Minute)
+	now.Store(&soon)
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "expires soon and nothing renews it") },
+		10*time.Second, 5*time.Millisecond)
+	late := served.Current().Leaf.NotAfter.Add(time.Minute)
+	now.Store(&late)
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "has EXPIRED") }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1, strings.Count(log.String(), "expires soon"), "logged when the state changes, not at every check")
 }

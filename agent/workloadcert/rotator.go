@@ -101,6 +101,8 @@ func NewRotator(c RotatorConfig) (*Rotator, error) {
 	if c.Served == nil {
 		c.Served = NewServed(nil, c.Clock.Now)
 	}
+	// The expiry checks are on the rotator's clock.
+	c.Served.now = c.Clock.Now
 	r := &Rotator{c: c, log: c.Log.With("scope", "workloadcert"), attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "wasmesh_agent_cert_requests_total",
 		Help: "Certificate signing requests to the CA, by result (ok, or the gRPC code of the failure).",
@@ -167,20 +169,20 @@ func (r *Rotator) obtain(ctx context.Context) (*Bundle, bool) {
 	}
 }
 
-// reportFailure logs a failed attempt, louder when the served certificate is near expiry.
+// reportFailure logs a failed attempt, louder when the served certificate has less than
+// a quarter of its lifetime left (at the default ratio, half of the time left for renewal).
 func (r *Rotator) reportFailure(err error, attempt int, retryIn time.Duration) {
 	args := []any{"err", err, "attempt", attempt, "retryIn", retryIn.Round(time.Millisecond)}
-	cur := r.c.Served.Current()
-	if cur == nil {
-		r.log.Warn("no workload certificate yet: the CA request failed", args...)
-		return
+	state, left := r.c.Served.Check()
+	if state != NoCertificate {
+		args = append(args, "expiresIn", left.Round(time.Second))
 	}
-	left := cur.Leaf.NotAfter.Sub(r.c.Clock.Now())
-	args = append(args, "expiresIn", left.Round(time.Second))
-	switch {
-	case left <= 0:
+	switch state {
+	case NoCertificate:
+		r.log.Warn("no workload certificate yet: the CA request failed", args...)
+	case Expired:
 		r.log.Error("the served workload certificate has EXPIRED and could not be renewed", args...)
-	case left < time.Duration(float64(cur.Lifetime())*r.c.GraceRatio/2):
+	case ExpiringSoon:
 		r.log.Error("the served workload certificate expires soon and could not be renewed", args...)
 	default:
 		r.log.Warn("workload certificate renewal failed", args...)
