@@ -101,12 +101,14 @@ func TestStateOfTheWorldStreamGetsTheRotatedSecret(t *testing.T) {
 
 func TestDeltaStreamGetsTheRotatedSecret(t *testing.T) {
 	r := start(t)
-	first := r.bundle(t, "a")
-	require.NoError(t, r.srv.Update(first))
 	s, err := r.client.DeltaSecrets(r.ctx)
 	require.NoError(t, err)
 	require.NoError(t, s.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resource.SecretType,
 		ResourceNamesSubscribe: []string{WorkloadSecret, RootSecret}}))
+	// Asked before the first certificate: answered when it comes.
+	require.Eventually(t, func() bool { return strings.Contains(r.log.String(), "proxy asks for secrets") }, 10*time.Second, 5*time.Millisecond)
+	first := r.bundle(t, "a")
+	require.NoError(t, r.srv.Update(first))
 	resp := sdstest.Recv(t, s.Recv)
 	got := map[string]*tlsv3.Secret{}
 	for _, res := range resp.GetResources() {
@@ -151,4 +153,24 @@ func TestSocketPathErrors(t *testing.T) {
 	l, err := Listen(stale)
 	require.NoError(t, err)
 	l.Close()
+}
+
+// A stream that goes away before the first certificate leaves nothing waiting behind.
+func TestStreamClosedBeforeTheFirstCertificate(t *testing.T) {
+	r := start(t)
+	ctx, cancel := context.WithCancel(r.ctx)
+	sdstest.Watch(ctx, t, r.client, WorkloadSecret)
+	parked := func() int {
+		r.srv.cache.mu.Lock()
+		defer r.srv.cache.mu.Unlock()
+		return len(r.srv.cache.parked)
+	}
+	require.Eventually(t, func() bool { return parked() == 1 }, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.Eventually(t, func() bool { return parked() == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, r.srv.Update(r.bundle(t, "a")))
+
+	// A new stream gets the certificate at once.
+	got, _ := sdstest.Watch(r.ctx, t, r.client, WorkloadSecret).Next()
+	assert.NotEmpty(t, got.GetTlsCertificate().GetPrivateKey().GetInlineBytes())
 }
