@@ -28,12 +28,16 @@ const (
 	discoveryKubeconfig = "discovery-kubeconfig"
 	kubeAPIDir          = "/var/run/wasmesh/kube-api"
 	deploymentFile      = "40-deployment.yaml"
+	meshConfigFile      = "30-configmap.yaml"
+	injectorConfigFile  = "35-sidecar-injector-configmap.yaml"
 )
 
 // installDiscovery applies controlplane/deploy's manifests (the namespace, service account,
-// RBAC, mesh config, the 2-replica Deployment, the Service, the PodDisruptionBudget and the
-// validating webhook configuration) with kubectl apply --server-side, the Deployment adjusted
-// for a node whose pods share one network (localDeployment), after the Istio CRDs.
+// RBAC, mesh config, the injector's configuration, the 2-replica Deployment, the Service, the
+// PodDisruptionBudget and the webhook configurations) with kubectl apply --server-side, after
+// the Istio CRDs: the Deployment adjusted for a node whose pods share one network
+// (localDeployment), the mesh config and the injector's values for sidecars that are
+// processes of this machine (localMeshConfig, localInjectorValues).
 func (m *Mesh) installDiscovery(ctx context.Context) error {
 	if err := m.Cluster.InstallIstioCRDs(ctx, deploy.ServedKinds()...); err != nil {
 		return err
@@ -46,11 +50,13 @@ func (m *Mesh) installDiscovery(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	local := map[string]func([]byte) ([]byte, error){deploymentFile: m.localDeployment,
+		meshConfigFile: m.localMeshConfig, injectorConfigFile: m.localInjectorValues}
 	for _, mf := range ms {
 		data := mf.Data
-		if mf.Name == deploymentFile {
-			if data, err = m.localDeployment(data); err != nil {
-				return err
+		if f := local[mf.Name]; f != nil {
+			if data, err = f(data); err != nil {
+				return fmt.Errorf("%s: %w", mf.Name, err)
 			}
 		}
 		if err := os.WriteFile(filepath.Join(dir, mf.Name), data, 0o644); err != nil {
@@ -159,4 +165,60 @@ func (m *Mesh) waitDiscovery(ctx context.Context) error {
 		}
 		return nil
 	}, DiscoveryNamespace)
+}
+
+// editConfigMap decodes a ConfigMap manifest, lets edit change the YAML document under key,
+// and encodes it again.
+func editConfigMap(data []byte, key string, edit func(doc map[string]any)) ([]byte, error) {
+	var cm corev1.ConfigMap
+	if err := yaml.UnmarshalStrict(data, &cm); err != nil {
+		return nil, err
+	}
+	doc := map[string]any{}
+	if err := yaml.Unmarshal([]byte(cm.Data[key]), &doc); err != nil {
+		return nil, fmt.Errorf("key %s: %w", key, err)
+	}
+	edit(doc)
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return nil, err
+	}
+	cm.Data[key] = string(out)
+	return yaml.Marshal(&cm)
+}
+
+// child is doc[key] as an object, made when missing.
+func child(doc map[string]any, key string) map[string]any {
+	c, ok := doc[key].(map[string]any)
+	if !ok {
+		c = map[string]any{}
+		doc[key] = c
+	}
+	return c
+}
+
+// localMeshConfig is the manifests' mesh config with the proxies' defaults for this machine:
+// discovery through the service proxy, no traffic capture (pods have their own loopback
+// addresses, docs/contracts.md), two worker threads.
+func (m *Mesh) localMeshConfig(data []byte) ([]byte, error) {
+	return editConfigMap(data, "mesh", func(doc map[string]any) {
+		pc := child(doc, "defaultConfig")
+		pc["discoveryAddress"] = m.XDS.Addr()
+		pc["interceptionMode"] = "NONE"
+		pc["concurrency"] = 2
+	})
+}
+
+// localInjectorValues is the manifests' injector values with what sidecars that are
+// processes of this machine need: the agent runs meshproxy from the binary directory (an
+// image's Envoy is not here), probes every second, small resource requests (one node holds
+// every pod), and a preStop sleep as long as the sample's drain.
+func (m *Mesh) localInjectorValues(data []byte) ([]byte, error) {
+	return editConfigMap(data, "values", func(doc map[string]any) {
+		px := child(child(doc, "global"), "proxy")
+		px["binaryPath"] = filepath.Join(m.opts.BinDir, "meshproxy")
+		px["readinessPeriodSeconds"] = 1
+		px["preStopSleepSeconds"] = int(defaultDrain.Seconds())
+		px["resources"] = map[string]any{"requests": map[string]any{"cpu": "10m", "memory": "32Mi"}}
+	})
 }

@@ -1,16 +1,21 @@
 package kubemesh_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/wasmesh/wasmesh/testenv/echo"
 	"github.com/wasmesh/wasmesh/testenv/kubemesh"
@@ -28,6 +33,7 @@ func TestSampleChangesUnderLoad(t *testing.T) {
 	t.Logf("first successful request through the mesh %v after the sample was applied", took)
 	front := m.FrontURL(ctx, "/")
 	ns := kubemesh.SampleNamespace
+	injected(t, m, ns)
 	kubectl := func(t *testing.T, args ...string) {
 		t.Helper()
 		_, err := m.Kubectl(ctx, append([]string{"-n", ns}, args...)...)
@@ -149,4 +155,18 @@ func onlyVersion(t *testing.T, front, version string, n int) bool {
 		}
 	}
 	return len(as) == n
+}
+
+// injected: every pod of the namespace got its sidecar from the injection webhook (the
+// Deployments carry none): an istio-proxy container and the injector's status annotation.
+func injected(t *testing.T, m *kubemesh.Mesh, ns string) {
+	t.Helper()
+	pods, err := m.Cluster.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+	require.NoError(t, err)
+	require.NotEmpty(t, pods.Items)
+	for _, p := range pods.Items {
+		assert.Contains(t, p.Annotations, "sidecar.istio.io/status", "pod %s", p.Name)
+		assert.True(t, slices.ContainsFunc(p.Spec.Containers, func(c corev1.Container) bool { return c.Name == "istio-proxy" }),
+			"pod %s has no sidecar", p.Name)
+	}
 }

@@ -138,11 +138,13 @@ func (m *Mesh) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := m.installDiscovery(ctx); err != nil {
-		return err
-	}
+	// The service proxy first: its address is the sidecars' discovery address in the mesh
+	// config installed next.
 	m.XDS, err = StartServiceProxy(ctx, m.Cluster.Client, DiscoveryNamespace, DiscoveryService, "grpc-xds", "127.0.0.1:0")
 	if err != nil {
+		return err
+	}
+	if err := m.installDiscovery(ctx); err != nil {
 		return err
 	}
 	if err := m.waitDiscovery(ctx); err != nil {

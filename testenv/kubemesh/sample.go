@@ -2,6 +2,7 @@ package kubemesh
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -129,7 +130,7 @@ func (m *Mesh) deployment(spec localmesh.PodSpec) (*appsv1.Deployment, error) {
 		args = append(args, "--startupCall="+spec.StartupCall)
 	}
 	tmpl := corev1.PodTemplateSpec{
-		ObjectMeta: metav1.ObjectMeta{Labels: lbl, Annotations: spec.Annotations},
+		ObjectMeta: metav1.ObjectMeta{Labels: lbl},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{
 			Name: "app", Image: "wasmesh/echo:latest", Args: args,
 			Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
@@ -139,9 +140,16 @@ func (m *Mesh) deployment(spec localmesh.PodSpec) (*appsv1.Deployment, error) {
 				HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt(port)}}},
 		}}},
 	}
-	if err := injectSidecar(&tmpl, sidecar{discoveryAddress: m.XDS.Addr(), proxyBinary: filepath.Join(m.opts.BinDir, "meshproxy"),
-		drain: drain, holdApplication: spec.HoldApplicationUntilProxyStarts}); err != nil {
+	// The injector (the namespace is labelled istio-injection=enabled) adds the sidecar; the
+	// pod says its drain and whether the application waits for the proxy, in its proxy config.
+	pc, err := json.Marshal(map[string]any{"terminationDrainDuration": drain.String(),
+		"holdApplicationUntilProxyStarts": spec.HoldApplicationUntilProxyStarts})
+	if err != nil {
 		return nil, err
+	}
+	tmpl.Annotations = map[string]string{"proxy.istio.io/config": string(pc)}
+	for k, v := range spec.Annotations {
+		tmpl.Annotations[k] = v
 	}
 	one := int32(1)
 	selector := map[string]string{"app": lbl["app"], "version": lbl["version"]}
@@ -155,10 +163,14 @@ func (m *Mesh) deployment(spec localmesh.PodSpec) (*appsv1.Deployment, error) {
 
 func ptrTo[T any](v T) *T { return &v }
 
-// ApplySample applies the sample: its Istio config (kubectl apply), its Services, then its
+// ApplySample applies the sample: injection on in its namespace (the label
+// istio-injection=enabled), its Istio config (kubectl apply), its Services, then its
 // Deployments wave by wave, each wave once the one before is available. It returns once
 // the last wave is created; WaitFirstRequest waits for the traffic.
 func (m *Mesh) ApplySample(ctx context.Context, s *Sample) error {
+	if _, err := m.Kubectl(ctx, "label", "namespace", SampleNamespace, "istio-injection=enabled", "--overwrite"); err != nil {
+		return err
+	}
 	if _, err := m.Kubectl(ctx, "apply", "-f", s.ConfigDir); err != nil {
 		return err
 	}
