@@ -30,6 +30,8 @@ const (
 	// TokenFileEnv names the CA credential file explicitly (wasmesh: the local mesh's
 	// per-pod credential; on Kubernetes it defaults to KubernetesTokenFile).
 	TokenFileEnv = "WASMESH_CA_TOKEN_FILE"
+	// DefaultGraceRatioJitter is Istio's SECRET_GRACE_PERIOD_RATIO_JITTER.
+	DefaultGraceRatioJitter = 0.01
 )
 
 // certSource is where the workload certificate comes from, when anywhere.
@@ -117,6 +119,12 @@ func rotatorConfig(env map[string]string, discoveryAddress string) (caSettings, 
 			return s, fmt.Errorf("SECRET_GRACE_PERIOD_RATIO: %q is not a ratio between 0 and 1", v)
 		}
 	}
+	s.GraceRatioJitter = DefaultGraceRatioJitter
+	if v := env["SECRET_GRACE_PERIOD_RATIO_JITTER"]; v != "" {
+		if s.GraceRatioJitter, err = strconv.ParseFloat(v, 64); err != nil || s.GraceRatioJitter < 0 {
+			return s, fmt.Errorf("SECRET_GRACE_PERIOD_RATIO_JITTER: %q is not a non-negative ratio", v)
+		}
+	}
 	if s.KeyType, err = csr.ParseKeyType(env["ECC_SIGNATURE_ALGORITHM"]); err != nil {
 		return s, fmt.Errorf("ECC_SIGNATURE_ALGORITHM: %w", err)
 	}
@@ -188,5 +196,7 @@ ROOTCA; the bootstrap gets the sds-grpc cluster) from the first source present:
                                (default cluster.local)
   SECRET_TTL                   lifetime asked for (default 24h)
   SECRET_GRACE_PERIOD_RATIO    renew with this part of the lifetime left (default 0.5)
+  SECRET_GRACE_PERIOD_RATIO_JITTER
+                               ± this much on the ratio per renewal (default 0.01)
   ECC_SIGNATURE_ALGORITHM      the key: ECDSA (P-256, default) or RSA (2048)
   3. none: no SDS (certificates in --certDir, if any, are the proxy's own files).`

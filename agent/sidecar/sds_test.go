@@ -124,12 +124,13 @@ func TestNoCertificateSourceNoSDS(t *testing.T) {
 func TestCertificateSettingsErrorsAreNamed(t *testing.T) {
 	token := filepath.Join(t.TempDir(), "token")
 	for env, want := range map[string]string{
-		"PILOT_CERT_PROVIDER=kubernetes": `PILOT_CERT_PROVIDER: "kubernetes" is not supported`,
-		"SECRET_TTL=soon":                `SECRET_TTL: "soon" is not a positive duration`,
-		"SECRET_GRACE_PERIOD_RATIO=2":    `SECRET_GRACE_PERIOD_RATIO: "2" is not a ratio`,
-		"ECC_SIGNATURE_ALGORITHM=DSA":    `ECC_SIGNATURE_ALGORITHM: key type "DSA"`,
-		"SERVICE_ACCOUNT=":               `service account ""`,
-		"CA_ADDR=nohost":                 `CA address "nohost"`,
+		"PILOT_CERT_PROVIDER=kubernetes":      `PILOT_CERT_PROVIDER: "kubernetes" is not supported`,
+		"SECRET_TTL=soon":                     `SECRET_TTL: "soon" is not a positive duration`,
+		"SECRET_GRACE_PERIOD_RATIO=2":         `SECRET_GRACE_PERIOD_RATIO: "2" is not a ratio`,
+		"SECRET_GRACE_PERIOD_RATIO_JITTER=-1": `SECRET_GRACE_PERIOD_RATIO_JITTER: "-1" is not a non-negative ratio`,
+		"ECC_SIGNATURE_ALGORITHM=DSA":         `ECC_SIGNATURE_ALGORITHM: key type "DSA"`,
+		"SERVICE_ACCOUNT=":                    `service account ""`,
+		"CA_ADDR=nohost":                      `CA address "nohost"`,
 	} {
 		t.Run(strings.Split(env, "=")[0], func(t *testing.T) {
 			o, _ := sdsOptions(t, sidecar.TokenFileEnv+"="+token, env)

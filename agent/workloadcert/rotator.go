@@ -58,6 +58,10 @@ type RotatorConfig struct {
 	// GraceRatio is the part of the lifetime left when the certificate is renewed
 	// (SECRET_GRACE_PERIOD_RATIO): 0.5 renews at half the lifetime.
 	GraceRatio float64
+	// GraceRatioJitter spreads the renewals of workloads started together
+	// (SECRET_GRACE_PERIOD_RATIO_JITTER, Istio's default 0.01): each renewal's ratio is
+	// GraceRatio ± up to this much. Zero: none.
+	GraceRatioJitter float64
 	// MeshRootFile, if set, holds roots trusted besides the CA's own (the mesh root
 	// file: during a root rotation it holds the old and new roots).
 	MeshRootFile string
@@ -88,6 +92,9 @@ func NewRotator(c RotatorConfig) (*Rotator, error) {
 			return nil, fmt.Errorf("SECRET_GRACE_PERIOD_RATIO %v: want a ratio between 0 and 1", c.GraceRatio)
 		}
 		c.GraceRatio = DefaultGraceRatio
+	}
+	if c.GraceRatioJitter < 0 || c.GraceRatioJitter >= min(c.GraceRatio, 1-c.GraceRatio) {
+		return nil, fmt.Errorf("SECRET_GRACE_PERIOD_RATIO_JITTER %v: want at least 0 and less than %v", c.GraceRatioJitter, min(c.GraceRatio, 1-c.GraceRatio))
 	}
 	if c.Backoff.Initial <= 0 {
 		c.Backoff = DefaultBackoff()
@@ -136,7 +143,8 @@ func (r *Rotator) Run(ctx context.Context, publish func(*Bundle)) {
 		publish(b)
 		// A certificate already due (a lifetime within the clock's skew, a CA that gave
 		// far less than asked) is renewed after the first back-off, not in a loop.
-		wait := max(RefreshAt(b.Leaf.NotBefore, b.Leaf.NotAfter, r.c.GraceRatio).Sub(r.c.Clock.Now()), r.c.Backoff.Initial)
+		ratio := r.c.GraceRatio + r.c.GraceRatioJitter*(2*rand.Float64()-1)
+		wait := max(RefreshAt(b.Leaf.NotBefore, b.Leaf.NotAfter, ratio).Sub(r.c.Clock.Now()), r.c.Backoff.Initial)
 		select {
 		case <-ctx.Done():
 			return

@@ -37,6 +37,7 @@ type fakeClock struct {
 
 type fakeWait struct {
 	d    time.Duration
+	at   time.Time // the clock when the wait began
 	fire chan time.Time
 }
 
@@ -49,7 +50,7 @@ func (c *fakeClock) Now() time.Time {
 }
 
 func (c *fakeClock) After(d time.Duration) <-chan time.Time {
-	w := fakeWait{d: d, fire: make(chan time.Time, 1)}
+	w := fakeWait{d: d, at: c.Now(), fire: make(chan time.Time, 1)}
 	c.waits <- w
 	return w.fire
 }
@@ -57,17 +58,30 @@ func (c *fakeClock) After(d time.Duration) <-chan time.Time {
 // next waits for the rotator to wait, then lets that time pass.
 func (c *fakeClock) next(t *testing.T) time.Duration {
 	t.Helper()
+	return c.end(t, func(w fakeWait) time.Time { return w.at.Add(w.d) }).d
+}
+
+// end waits for the rotator to wait, sets the clock to to(wait) and ends the wait.
+func (c *fakeClock) end(t *testing.T, to func(fakeWait) time.Time) fakeWait {
+	t.Helper()
+	w := c.waiting(t)
+	c.mu.Lock()
+	c.now = to(w)
+	now := c.now
+	c.mu.Unlock()
+	w.fire <- now
+	return w
+}
+
+// waiting is the rotator's next wait, begun and not ended.
+func (c *fakeClock) waiting(t *testing.T) fakeWait {
+	t.Helper()
 	select {
 	case w := <-c.waits:
-		c.mu.Lock()
-		c.now = c.now.Add(w.d)
-		now := c.now
-		c.mu.Unlock()
-		w.fire <- now
-		return w.d
+		return w
 	case <-time.After(10 * time.Second):
 		t.Fatal("the rotator never waited")
-		return 0
+		return fakeWait{}
 	}
 }
 
@@ -81,7 +95,9 @@ type rig struct {
 	served    *Served
 }
 
-func newRig(t *testing.T, lifetime time.Duration, signer func(*testca.CA, string) Signer) *rig {
+// newRig runs a rotator against a test CA; tweak, if set, changes its configuration (the
+// CA client is the one for the CA and token given).
+func newRig(t *testing.T, lifetime time.Duration, tweak func(c *RotatorConfig, ca *testca.CA, token string)) *rig {
 	ca := testca.Start(t, lifetime)
 	token := ca.Allow(t, "tok", "cluster.local", "default", "reviews")
 	r := &rig{ca: ca, clock: newFakeClock(), reg: prometheus.NewRegistry(), log: &proxytest.Output{}, published: make(chan *Bundle, 16)}
@@ -90,14 +106,14 @@ func newRig(t *testing.T, lifetime time.Duration, signer func(*testca.CA, string
 		TokenFile: token, ClientCertificate: r.served.TLSCertificate})
 	require.NoError(t, err)
 	t.Cleanup(func() { client.Close() })
-	var s Signer = client
-	if signer != nil {
-		s = signer(ca, token)
-	}
 	id, err := csr.SPIFFEID("cluster.local", "default", "reviews")
 	require.NoError(t, err)
-	r.rot, err = NewRotator(RotatorConfig{CA: s, Identity: id, TTL: lifetime, Clock: r.clock, Served: r.served,
-		Registry: r.reg, Log: slog.New(slog.NewTextHandler(r.log, nil)), Backoff: Backoff{Initial: time.Second, Max: 4 * time.Second}})
+	c := RotatorConfig{CA: client, Identity: id, TTL: lifetime, Clock: r.clock, Served: r.served,
+		Registry: r.reg, Log: slog.New(slog.NewTextHandler(r.log, nil)), Backoff: Backoff{Initial: time.Second, Max: 4 * time.Second}}
+	if tweak != nil {
+		tweak(&c, ca, token)
+	}
+	r.rot, err = NewRotator(c)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -149,12 +165,31 @@ func TestCertificateDueAtOnceRenewedAfterTheFirstBackoff(t *testing.T) {
 	r.nextBundle(t)
 }
 
+// Jitter spreads renewals around half the lifetime, within its bound.
+func TestRenewalJitter(t *testing.T) {
+	r := newRig(t, time.Hour, func(c *RotatorConfig, _ *testca.CA, _ string) { c.GraceRatioJitter = 0.1 })
+	var waits []time.Duration
+	for range 8 {
+		b := r.nextBundle(t)
+		// Each wait ends at the CA's (real) time, so the next certificate is due ahead.
+		w := r.clock.end(t, func(fakeWait) time.Time { return time.Now() })
+		renewal := w.at.Add(w.d).Sub(b.Leaf.NotBefore)
+		assert.GreaterOrEqual(t, renewal, b.Lifetime()*4/10, "not before 40 %% of the lifetime")
+		assert.LessOrEqual(t, renewal, b.Lifetime()*6/10, "not after 60 %% of the lifetime")
+		waits = append(waits, w.d)
+	}
+	assert.NotEqual(t, waits[0], waits[1], "spread (chance of equality ~0)")
+
+	_, err := NewRotator(RotatorConfig{CA: r.rot.c.CA, Identity: r.rot.c.Identity, GraceRatioJitter: 0.5})
+	assert.ErrorContains(t, err, "SECRET_GRACE_PERIOD_RATIO_JITTER 0.5")
+}
+
 func TestRefusedRenewalRetriedWithBackoffAndExpiryLogged(t *testing.T) {
 	r := newRig(t, time.Hour, nil)
 	first := r.nextBundle(t)
-	r.clock.next(t) // to the refresh time
 	denied := status.Error(codes.PermissionDenied, "identity mismatch")
 	r.ca.FailNext(denied, denied, denied, denied, denied)
+	r.clock.next(t) // to the refresh time
 	var waits []time.Duration
 	for range 5 {
 		waits = append(waits, r.clock.next(t))
@@ -174,15 +209,13 @@ func TestRefusedRenewalRetriedWithBackoffAndExpiryLogged(t *testing.T) {
 func TestNearExpiryIsLoudAndMeasured(t *testing.T) {
 	r := newRig(t, time.Hour, nil)
 	first := r.nextBundle(t)
-	r.clock.next(t) // half the lifetime
 	r.ca.FailNext(status.Error(codes.Unavailable, "down"))
-	// The clock jumps close to the end, as after a long outage.
-	r.clock.mu.Lock()
-	r.clock.now = first.Leaf.NotAfter.Add(-5 * time.Minute)
-	r.clock.mu.Unlock()
-	r.clock.next(t)
+	// The renewal comes late, 5 minutes before the end, as after a suspended machine.
+	r.clock.end(t, func(fakeWait) time.Time { return first.Leaf.NotAfter.Add(-5 * time.Minute) })
+	retry := r.clock.waiting(t) // the failure is reported before the retry's wait
 	assert.Contains(t, r.log.String(), "expires soon and could not be renewed")
-	assert.InDelta(t, (5*time.Minute - time.Second).Seconds(), gauge(t, r.reg, "wasmesh_agent_cert_expiry_seconds"), 2)
+	assert.Equal(t, (5 * time.Minute).Seconds(), gauge(t, r.reg, "wasmesh_agent_cert_expiry_seconds"))
+	retry.fire <- retry.at.Add(retry.d)
 	r.nextBundle(t)
 }
 
@@ -193,13 +226,13 @@ func TestUnreachableCARetried(t *testing.T) {
 	dead := l.Addr().String()
 	l.Close()
 	var calls atomic.Int32
-	r := newRig(t, time.Hour, func(ca *testca.CA, token string) Signer {
+	r := newRig(t, time.Hour, func(c *RotatorConfig, ca *testca.CA, token string) {
 		down, err := caclient.New(caclient.Config{Address: dead, RootFile: ca.RootFile, TokenFile: token})
 		require.NoError(t, err)
 		up, err := caclient.New(caclient.Config{Address: ca.Addr, RootFile: ca.RootFile, TokenFile: token})
 		require.NoError(t, err)
 		t.Cleanup(func() { down.Close(); up.Close() })
-		return signerFunc(func(ctx context.Context, csr []byte, ttl time.Duration) ([]string, error) {
+		c.CA = signerFunc(func(ctx context.Context, csr []byte, ttl time.Duration) ([]string, error) {
 			if calls.Add(1) <= 3 {
 				return down.Sign(ctx, csr, ttl)
 			}
