@@ -100,7 +100,8 @@ func BenchmarkKubernetes(b *testing.B) {
 	slices := kc.DiscoveryV1().EndpointSlices("load")
 	slice, err := slices.Get(context.Background(), "svc-0-slice", metav1.GetOptions{})
 	require.NoError(b, err)
-	kubeArgs := []string{"--registries", "Kubernetes", "--kubeconfig", c.Kubeconfig, "--namespace", "istio-system", "--webhookAddr", freeAddr(b)}
+	kubeArgs := []string{"--registries", "Kubernetes", "--kubeconfig", c.Kubeconfig, "--namespace", "istio-system", "--webhookAddr", freeAddr(b),
+		"--secureGRPCAddr", freeAddr(b)}
 	b.Run("source=kubernetes", func(b *testing.B) {
 		r.serve(b, &base, kubeArgs, func(_ int, ip string) {
 			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})

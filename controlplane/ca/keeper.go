@@ -79,6 +79,9 @@ func (k *Keeper) load(ctx context.Context) (*Authority, bool, error) {
 	o := k.opts
 	if o.PluggedDir != "" {
 		a, err := LoadPluggedDir(o.PluggedDir)
+		if err == nil && o.Dir != "" && o.Client == nil { // the local mesh's root file
+			err = writeFile(o.Dir, RootCertFile, a.RootPEM, 0o644)
+		}
 		return a, false, err
 	}
 	if o.Client != nil {

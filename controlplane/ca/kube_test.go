@@ -10,10 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/wasmesh/wasmesh/controlplane/ca/catest"
 	"github.com/wasmesh/wasmesh/controlplane/kubecluster"
 )
 
@@ -62,26 +62,30 @@ func TestOnKubernetes(t *testing.T) {
 		_, err := c.Client.CoreV1().Secrets(caNamespace).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: PluggedSecret}, Data: files},
 			metav1.CreateOptions{})
 		require.NoError(t, err)
+		changed := keeper.Changed()
 		a, err := keeper.Refresh(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, "intermediate", a.Cert.Subject.CommonName)
 		assert.Equal(t, string(root.CertPEM), string(a.RootPEM))
+		select {
+		case <-changed:
+		default:
+			t.Fatal("a new CA is announced on Changed")
+		}
+		// The ConfigMaps follow the new root.
+		pctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		defer func() { stop(); <-done }()
+		go func() { defer close(done); (&RootPublisher{Client: c.Client, CA: keeper, Log: quiet}).Run(pctx) }()
+		require.Eventually(t, func() bool {
+			cm, err := c.Client.CoreV1().ConfigMaps("a").Get(ctx, RootConfigMap, metav1.GetOptions{})
+			return err == nil && cm.Data[RootCertFile] == string(root.CertPEM)
+		}, time.Minute, 20*time.Millisecond, "the root ConfigMaps hold the plugged-in CA's root")
 	})
 }
 
-// token is a projected service-account token of ns/sa for audience.
 func token(t *testing.T, c *kubecluster.Cluster, ns, sa, audience string) string {
-	t.Helper()
-	ctx := context.Background()
-	_, err := c.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
-	if err != nil {
-		require.Contains(t, err.Error(), "already exists")
-	}
-	expiry := int64(600)
-	tr, err := c.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	return tr.Status.Token
+	return catest.Token(t, c.Client, ns, sa, audience)
 }
 
 func tokenReview(t *testing.T, c *kubecluster.Cluster, keeper *Keeper) {

@@ -2,9 +2,7 @@ package ca
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"crypto/ed25519"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/url"
 	"syscall"
 	"testing"
 	"time"
@@ -24,10 +21,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/wasmesh/wasmesh/controlplane/ca/catest"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -64,15 +62,7 @@ func serve(t testing.TB, authority *Authority, kube kubernetes.Interface) *testS
 
 // client dials the service trusting the CA's roots, presenting clientCert when given.
 func (ts *testServer) client(t testing.TB, clientCert *tls.Certificate) securityv1alpha1.IstioCertificateServiceClient {
-	t.Helper()
-	cfg := &tls.Config{RootCAs: ts.ca.Roots(), ServerName: "istiod.istio-system.svc", MinVersion: tls.VersionTLS12}
-	if clientCert != nil {
-		cfg.Certificates = []tls.Certificate{*clientCert}
-	}
-	conn, err := grpc.NewClient(ts.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	return securityv1alpha1.NewIstioCertificateServiceClient(conn)
+	return catest.Client(t, ts.addr, ts.ca.Roots(), clientCert)
 }
 
 // credential is a local-mesh credential of ns/sa valid for ttl.
@@ -83,47 +73,16 @@ func (ts *testServer) credential(t testing.TB, ns, sa string, ttl time.Duration)
 	return c
 }
 
-// newCSR makes a key and a CSR naming the SPIFFE IDs given.
-func newCSR(t testing.TB, ids ...string) (*ecdsa.PrivateKey, string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.CertificateRequest{}
-	for _, id := range ids {
-		u, err := url.Parse(id)
-		require.NoError(t, err)
-		tmpl.URIs = append(tmpl.URIs, u)
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
-	require.NoError(t, err)
-	return key, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
-}
-
-// withToken is ctx carrying `authorization: Bearer <token>`.
-func withToken(ctx context.Context, token string) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
-}
+var newCSR, withToken = catest.NewCSR, catest.WithToken
 
 // verifyChain checks Istio's answer: the leaf, the chain, the roots last; the leaf chains to
 // the roots and names id alone.
 func verifyChain(t testing.TB, resp *securityv1alpha1.IstioCertificateResponse, roots []byte, id string) *x509.Certificate {
 	t.Helper()
-	chain := resp.GetCertChain()
-	require.GreaterOrEqual(t, len(chain), 2)
-	assert.Equal(t, string(roots), chain[len(chain)-1], "the last element is root-cert.pem")
-	leaves, err := parseCerts([]byte(chain[0]))
-	require.NoError(t, err)
-	require.Len(t, leaves, 1)
-	pool, inter := x509.NewCertPool(), x509.NewCertPool()
-	require.True(t, pool.AppendCertsFromPEM(roots))
-	for _, c := range chain[1 : len(chain)-1] {
-		require.True(t, inter.AppendCertsFromPEM([]byte(c)))
-	}
-	_, err = leaves[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}})
-	require.NoError(t, err)
-	require.Len(t, leaves[0].URIs, 1)
-	assert.Equal(t, id, leaves[0].URIs[0].String())
-	return leaves[0]
+	leaf := catest.Leaf(t, resp, roots)
+	require.Len(t, leaf.URIs, 1)
+	assert.Equal(t, id, leaf.URIs[0].String())
+	return leaf
 }
 
 func requireCode(t testing.TB, err error, code codes.Code, contains ...string) {
@@ -191,7 +150,7 @@ func TestLocalCredentialGetsItsOwnIdentityOnly(t *testing.T) {
 	assert.Equal(t, 1.0, testutil.ToFloat64(ts.metrics.csrParsing))
 	assert.Equal(t, 2.0, testutil.ToFloat64(ts.metrics.success))
 	assert.Equal(t, 9.0, testutil.ToFloat64(ts.metrics.csr))
-	assert.InDelta(t, float64(root.Cert.NotAfter.Unix()), testutil.ToFloat64(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "x"}, ts.rootExpiry)), 1)
+	assert.InDelta(t, float64(root.Cert.NotAfter.Unix()), ts.rootExpiry(), 1)
 	n, err := testutil.GatherAndCount(ts.reg, "citadel_server_root_cert_expiry_timestamp", "citadel_server_csr_count")
 	require.NoError(t, err)
 	assert.Equal(t, 2, n)

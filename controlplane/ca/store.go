@@ -67,9 +67,6 @@ func LoadOrCreateDir(dir string, now time.Time) (*Authority, bool, error) {
 	if a, err = NewSelfSigned(now); err != nil {
 		return nil, false, err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, false, fmt.Errorf("CA directory: %w", err)
-	}
 	// The certificate last: a directory with ca-cert.pem holds a whole CA.
 	for _, f := range []struct {
 		name string
@@ -85,6 +82,9 @@ func LoadOrCreateDir(dir string, now time.Time) (*Authority, bool, error) {
 
 // writeFile replaces dir/name whole (a reader sees the old file or the new one).
 func writeFile(dir, name string, data []byte, mode os.FileMode) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("CA directory: %w", err)
+	}
 	tmp, err := os.CreateTemp(dir, "."+name+"-*")
 	if err != nil {
 		return fmt.Errorf("CA directory: %w", err)

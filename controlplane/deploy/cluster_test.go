@@ -3,6 +3,7 @@ package deploy
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -24,6 +26,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/wasmesh/wasmesh/controlplane/ca"
+	"github.com/wasmesh/wasmesh/controlplane/ca/catest"
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/kubecluster"
 )
@@ -35,6 +39,9 @@ const (
 	injectorConfig = "istio-sidecar-injector"
 	leaseName      = "istiod-leader"
 	caSecret       = "istio-ca-secret"
+	// pluggedCASecret is Istio's cacerts; rootConfigMap the CA's root in every namespace.
+	pluggedCASecret = "cacerts"
+	rootConfigMap   = "istio-ca-root-cert"
 )
 
 // kubectl runs the cluster's kubectl as its admin.
@@ -179,7 +186,9 @@ func checkAccess(t *testing.T, c *kubecluster.Cluster) {
 		access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: leaseName},
 		access{verb: "create", resource: "secrets", namespace: namespace},
 		access{verb: "get", resource: "secrets", namespace: namespace, name: caSecret},
-		access{verb: "watch", resource: "secrets", namespace: namespace, name: caSecret})
+		access{verb: "watch", resource: "secrets", namespace: namespace, name: caSecret},
+		access{verb: "get", resource: "secrets", namespace: namespace, name: pluggedCASecret})
+	allowed = append(allowed, caAccess()...)
 	denied = append(denied, deniedElsewhere()...)
 
 	for _, a := range allowed {
@@ -189,6 +198,18 @@ func checkAccess(t *testing.T, c *kubecluster.Cluster) {
 		assert.False(t, canI(t, c, a), "denied: %s", a)
 	}
 	t.Logf("%d requests allowed and %d denied as expected", len(allowed), len(denied))
+}
+
+// caAccess: the CA's TokenReviews, and its root ConfigMap in every namespace (create on
+// any ConfigMap: RBAC cannot limit create by name; the rest by name, list and watch selecting
+// it).
+func caAccess() []access {
+	out := []access{{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"},
+		{verb: "create", resource: "configmaps", namespace: "demo"}}
+	for _, v := range []string{"get", "update", "list", "watch"} {
+		out = append(out, access{verb: v, resource: "configmaps", namespace: "demo", name: rootConfigMap})
+	}
+	return append(out, access{verb: "list", resource: "configmaps", name: rootConfigMap}, access{verb: "watch", resource: "configmaps", name: rootConfigMap})
 }
 
 // deniedElsewhere: writes to workloads and Services, other webhook configurations, Secrets
@@ -218,6 +239,14 @@ func deniedElsewhere() []access {
 		access{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: leaseName},
 		access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "demo"},
 		access{verb: "get", resource: "configmaps", namespace: namespace, name: "istio"},
+		access{verb: "list", resource: "configmaps"},
+		access{verb: "list", resource: "configmaps", namespace: "demo"},
+		access{verb: "update", resource: "configmaps", namespace: "demo", name: "someone-elses"},
+		access{verb: "delete", resource: "configmaps", namespace: "demo", name: rootConfigMap},
+		access{verb: "update", resource: "secrets", namespace: namespace, name: pluggedCASecret},
+		access{verb: "list", resource: "secrets", namespace: namespace, name: pluggedCASecret},
+		access{verb: "get", resource: "secrets", namespace: "demo", name: pluggedCASecret},
+		access{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews"},
 		access{verb: "create", resource: "events", namespace: namespace},
 		access{verb: "create", resource: "serviceaccounts", subresource: "token", namespace: namespace, name: serviceAccount},
 		access{verb: "bind", group: "rbac.authorization.k8s.io", resource: "clusterroles", name: "cluster-admin"},
@@ -288,7 +317,7 @@ func discoveryBinary(t *testing.T) string {
 // podCommand is the Deployment's container as this machine runs it: its arguments (the
 // addresses on loopback, its files in dir, the ConfigMaps' mesh config and injector
 // configuration where the Deployment mounts them) and its environment from the downward API.
-func podCommand(t *testing.T, dir, kubeconfig string) (args, env []string, httpAddr string) {
+func podCommand(t *testing.T, dir, kubeconfig string) (args, env []string, httpAddr, secureAddr string) {
 	t.Helper()
 	objs := objects(t)
 	d := object[*appsv1.Deployment](t, objs, "Deployment/istiod")
@@ -312,19 +341,21 @@ func podCommand(t *testing.T, dir, kubeconfig string) (args, env []string, httpA
 		}
 		args = append(args, a)
 	}
-	args = append(args, "--kubeconfig="+kubeconfig)
+	secureAddr = freeAddr(t) // the Deployment's 15012 is the default, on --grpcAddr's host
+	args = append(args, "--kubeconfig="+kubeconfig, "--secureGRPCAddr="+secureAddr)
 	fields := map[string]string{"metadata.name": "istiod-0", "metadata.namespace": namespace}
 	for _, e := range c.Env {
 		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
 			env = append(env, e.Name+"="+fields[e.ValueFrom.FieldRef.FieldPath])
 		}
 	}
-	return args, env, httpAddr
+	return args, env, httpAddr, secureAddr
 }
 
 // runAsServiceAccount runs discovery as the Deployment runs it, with the service account's
-// token: it must become ready (every informer listed), write the status of an object it
-// rejects, and watch a kind whose CRD is installed after it started.
+// token: it must become ready (every informer listed), sign a workload's certificate for its
+// token and publish the CA's root, write the status of an object it rejects, and watch a kind
+// whose CRD is installed after it started.
 func runAsServiceAccount(t *testing.T, c *kubecluster.Cluster, k kubectl, crds string) {
 	for _, doc := range []string{brokenVirtualService, brokenTelemetry} {
 		parsed := config.ParseFile("broken.yaml", []byte(doc))
@@ -338,7 +369,7 @@ func runAsServiceAccount(t *testing.T, c *kubecluster.Cluster, k kubectl, crds s
 	// Telemetry's CRD goes before discovery starts and comes back after.
 	k.run(t, "delete", "crd", "telemetries.telemetry.istio.io")
 
-	args, env, httpAddr := podCommand(t, t.TempDir(), serviceAccountKubeconfig(t, c))
+	args, env, httpAddr, secureAddr := podCommand(t, t.TempDir(), serviceAccountKubeconfig(t, c))
 	cmd := exec.Command(discoveryBinary(t), args...)
 	cmd.Env = append(os.Environ(), env...)
 	var stderr syncBuffer
@@ -357,6 +388,7 @@ func runAsServiceAccount(t *testing.T, c *kubecluster.Cluster, k kubectl, crds s
 	t.Logf("discovery %s", strings.Join(args, " "))
 
 	waitReady(t, ctx, httpAddr, exited, &stderr)
+	checkCA(t, ctx, c, secureAddr)
 	vs := applyBroken(t, k, brokenVirtualService)
 	k.run(t, "apply", "--server-side", "-f", crds)
 	k.run(t, "wait", "--for=condition=Established", "--timeout=60s", "-f", crds)
@@ -427,4 +459,32 @@ func waitStatusWritten(t *testing.T, ctx context.Context, k kubectl, obj string,
 		status := k.run(t, "get", "-n", "demo", obj, "-o", "jsonpath={.status}")
 		t.Fatalf("%s: discovery did not write its status: %v\n%s\nstatus: %s\ndiscovery:\n%s", obj, err, out, status, stderr.String())
 	}
+}
+
+// checkCA: discovery, as the service account, checks a workload's token with TokenReview
+// and signs its certificate on the secure port, and (leading) publishes the root in every
+// namespace.
+func checkCA(t *testing.T, ctx context.Context, c *kubecluster.Cluster, secureAddr string) {
+	t.Helper()
+	var root []byte
+	require.Eventually(t, func() bool {
+		sec, err := c.Client.CoreV1().Secrets(namespace).Get(ctx, caSecret, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		root = sec.Data[ca.RootCertFile]
+		return true
+	}, time.Minute, 20*time.Millisecond, "discovery creates the CA Secret")
+	require.Eventually(t, func() bool {
+		cm, err := c.Client.CoreV1().ConfigMaps("demo").Get(ctx, rootConfigMap, metav1.GetOptions{})
+		return err == nil && cm.Data[ca.RootCertFile] == string(root)
+	}, time.Minute, 20*time.Millisecond, "the leader publishes the root")
+	tok := catest.Token(t, c.Client, "demo", "reviews", ca.CredentialAudience)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(root))
+	_, csr := catest.NewCSR(t)
+	resp, err := catest.Client(t, secureAddr, roots, nil).CreateCertificate(catest.WithToken(ctx, tok),
+		&securityv1alpha1.IstioCertificateRequest{Csr: csr})
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://cluster.local/ns/demo/sa/reviews", catest.Leaf(t, resp, root).URIs[0].String())
 }

@@ -118,7 +118,7 @@ func TestManifestsAreWhatTheIssueAsksFor(t *testing.T) {
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	assert.Equal(t, map[string]int32{"grpc-xds": 15010, "http-monitoring": 15014, "https-webhook": 15017}, ports)
+	assert.Equal(t, map[string]int32{"grpc-xds": 15010, "tls-xds": 15012, "http-monitoring": 15014, "https-webhook": 15017}, ports)
 	assert.Equal(t, int32(15014), ports[c.ReadinessProbe.HTTPGet.Port.String()])
 	assert.Contains(t, c.Args, "--grpcAddr=:15010")
 	assert.Contains(t, c.Args, "--httpAddr=:15014")
@@ -169,6 +169,7 @@ func checkServiceAndBudget(t *testing.T, objs map[string]runtime.Object, d *apps
 	}
 	assert.Equal(t, map[string]string{
 		"grpc-xds":        "15010 -> pod grpc-xds 15010",
+		"https-dns":       "15012 -> pod tls-xds 15012",
 		"http-monitoring": "15014 -> pod http-monitoring 15014",
 		"https-webhook":   "443 -> pod https-webhook 15017",
 	}, got)

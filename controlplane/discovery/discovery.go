@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/client-go/rest"
 
+	"github.com/wasmesh/wasmesh/controlplane/ca"
 	"github.com/wasmesh/wasmesh/controlplane/debug"
 	"github.com/wasmesh/wasmesh/controlplane/inject"
 	"github.com/wasmesh/wasmesh/controlplane/leader"
@@ -81,6 +82,8 @@ type Options struct {
 	LeaseDuration  time.Duration
 	// Webhook serves the admission webhooks (validation); zero: none.
 	Webhook WebhookOptions
+	// CA is the mesh's CA and Istio's certificate API on the secure port; zero: none.
+	CA CAOptions
 	// Sources are more config and service sources, after those in precedence.
 	Sources []source.Source
 }
@@ -113,8 +116,15 @@ type Discovery struct {
 	// Injector is the sidecar injection webhook (nil without one).
 	Injector *inject.Webhook
 
+	// CA is the mesh's CA (nil without one); its certificate service is on the secure port.
+	CA *ca.Keeper
+
 	webhookCerts webhook.Certs
 	caBundles    []*webhook.CABundlePatcher
+	rootCMs      *ca.RootPublisher
+	secureCerts  *webhook.GeneratedCerts
+	secureGRPC   *grpc.Server
+	secureLis    net.Listener
 
 	grpcLis   net.Listener
 	httpLis   net.Listener
@@ -190,9 +200,10 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 		}
 	}
 	if err := d.singletons(); err != nil {
-		d.grpcLis.Close()
-		if d.httpLis != nil {
-			d.httpLis.Close()
+		for _, l := range []net.Listener{d.grpcLis, d.httpLis, d.secureLis} {
+			if l != nil {
+				l.Close()
+			}
 		}
 		return nil, err
 	}
@@ -316,6 +327,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 		grace = 5 * time.Second
 	}
 	goRun("grpc", func() error { return server.Serve(ctx, d.Server.GRPCServer(d.opts.GRPCOptions...), d.grpcLis, grace) })
+	d.runCA(ctx, goRun, grace)
 	d.runSingletons(ctx, goRun, grace)
 	if d.httpLis != nil {
 		mux := http.NewServeMux()
@@ -345,7 +357,8 @@ func (d *Discovery) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	d.log.Info("discovery serving", "grpc", d.GRPCAddr(), "http", d.HTTPAddr(), "webhook", d.WebhookAddr(), "configDir", d.configDir)
+	d.log.Info("discovery serving", "grpc", d.GRPCAddr(), "secureGRPC", d.SecureGRPCAddr(), "http", d.HTTPAddr(), "webhook", d.WebhookAddr(),
+		"configDir", d.configDir)
 	wg.Wait()
 	close(errs)
 	var all []error

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/wasmesh/wasmesh/controlplane/ca"
 	"github.com/wasmesh/wasmesh/controlplane/inject"
 	"github.com/wasmesh/wasmesh/controlplane/leader"
 	"github.com/wasmesh/wasmesh/controlplane/webhook"
@@ -66,8 +67,14 @@ func (d *Discovery) singletons() error {
 	if err != nil {
 		return err
 	}
+	if err := d.certificateAuthority(kc); err != nil {
+		return err
+	}
 	if err := d.webhook(kc); err != nil {
 		return err
+	}
+	if d.CA != nil && kc != nil && d.opts.CA.SecureGRPCAddr != "" {
+		d.rootCMs = &ca.RootPublisher{Client: kc, CA: d.CA, Log: d.log}
 	}
 	if !d.opts.LeaderElection || kc == nil {
 		return nil
@@ -86,6 +93,9 @@ func (d *Discovery) singletons() error {
 	}
 	for _, p := range d.caBundles {
 		d.Leader.Add("webhookCABundle", p.Run)
+	}
+	if d.rootCMs != nil {
+		d.Leader.Add("caRootConfigMap", d.rootCMs.Run)
 	}
 	return nil
 }
@@ -106,7 +116,7 @@ func (d *Discovery) webhook(kc kubernetes.Interface) error {
 		}
 		d.webhookCerts = fc
 	case kc != nil:
-		gc, err := webhook.NewGeneratedCerts(webhook.GenerateOptions{Client: kc, Namespace: d.opts.Namespace, SecretName: o.CASecret,
+		gc, err := webhook.NewGeneratedCerts(webhook.GenerateOptions{CA: d.CA.Refresh, Namespace: d.opts.Namespace,
 			ServiceName: o.ServiceName, Hosts: o.Hosts, TTL: o.CertTTL, Log: d.log})
 		if err != nil {
 			return err
@@ -220,6 +230,9 @@ func (d *Discovery) runSingletons(ctx context.Context, goRun func(string, func()
 		for _, p := range d.caBundles {
 			goRun("webhookCABundle", func() error { p.Run(ctx); return nil })
 		}
+		if d.rootCMs != nil {
+			goRun("caRootConfigMap", func() error { d.rootCMs.Run(ctx); return nil })
+		}
 	}
 }
 
@@ -236,6 +249,9 @@ func (d *Discovery) leaderHandler() http.Handler {
 	st := leader.Status{Identity: id, Leading: true, Leader: id, Tasks: []string{}}
 	for range d.caBundles {
 		st.Tasks = append(st.Tasks, "webhookCABundle")
+	}
+	if d.rootCMs != nil {
+		st.Tasks = append(st.Tasks, "caRootConfigMap")
 	}
 	if d.Kube != nil && d.opts.KubeStatus {
 		st.Tasks = append(st.Tasks, "statusWriter")

@@ -48,6 +48,7 @@ func startReplica(t *testing.T, c *kubecluster.Cluster, id string) *replica {
 		Debounce: push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true},
 		Kube:     c.Config, KubeStatus: true, Namespace: webhooktest.Namespace, Identity: id, LeaderElection: true, LeaseDuration: 10 * time.Second,
 		Webhook: discovery.WebhookOptions{Addr: "127.0.0.1:0", Hosts: []string{"127.0.0.1"}, ConfigName: webhook.DefaultValidatingConfig},
+		CA:      discovery.CAOptions{SecureGRPCAddr: "127.0.0.1:0"},
 	}, slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", id))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -116,7 +117,7 @@ func TestWebhookAndLeadershipOnKubernetes(t *testing.T) {
 			return a.leader(t).Leader == "gone" && strings.Contains(httpGet(t, "http://"+a.d.HTTPAddr()+"/debug/configz"), `"status": "rejected"`)
 		}, time.Minute, 20*time.Millisecond)
 		assert.Never(t, func() bool {
-			return webhooktest.StatusMessage(t, vs, "broken") != "" || len(webhooktest.CABundle(t, c)) > 0
+			return webhooktest.StatusMessage(t, vs, "broken") != "" || len(webhooktest.CABundle(t, c)) > 0 || rootConfigMap(t, c, "demo") != ""
 		}, time.Second, 50*time.Millisecond, "a follower does no singleton work")
 		require.False(t, a.leader(t).Leading, "the Lease has not run out yet")
 		require.Eventually(t, func() bool { return a.leader(t).Leading }, time.Minute, 20*time.Millisecond, "a leads once it runs out")
@@ -130,6 +131,7 @@ func TestWebhookAndLeadershipOnKubernetes(t *testing.T) {
 		webhooktest.OverwriteCABundle(t, c, "a caBundle someone changed is restored")
 		webhooktest.ServesCertTrustedBy(t, a.d.WebhookAddr(), webhooktest.CABundle(t, c))
 	})
+	t.Run("ca", func(t *testing.T) { checkCA(t, c, a) })
 	t.Run("validation", func(t *testing.T) { checkValidation(t, c, vs) })
 	t.Run("status", func(t *testing.T) {
 		webhooktest.WaitStatusWritten(t, vs, "the leader writes the status of a rejected object")

@@ -5,10 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"log/slog"
-	"math"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/wasmesh/wasmesh/controlplane/ca"
@@ -113,23 +111,10 @@ func (g *GeneratedCerts) names() []string {
 // Run gets the CA (retrying while the API server is away or refuses), issues the serving
 // certificate and renews it before it expires, until ctx ends.
 func (g *GeneratedCerts) Run(ctx context.Context) error {
-	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: math.MaxInt32, Cap: 30 * time.Second}
-	for {
-		next, err := g.renew(ctx)
-		if err != nil {
-			next = backoff.Step()
-			g.log.Error("serving certificate not issued; retrying", "retryIn", next.String(), "error", err)
-		} else {
-			backoff = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Steps: math.MaxInt32, Cap: 30 * time.Second}
-		}
-		t := time.NewTimer(next)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-	}
+	ca.Repeat(ctx, g.renew, func(err error, retryIn time.Duration) {
+		g.log.Error("serving certificate not issued; retrying", "retryIn", retryIn.String(), "error", err)
+	})
+	return nil
 }
 
 // renew reads the CA, issues a serving certificate and says when to renew it.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -80,6 +81,12 @@ func env(opts *discovery.Options) error {
 		}
 		opts.Webhook.NativeSidecars = m
 	}
+	if err := dur("DEFAULT_WORKLOAD_CERT_TTL", &opts.CA.WorkloadCertTTL); err != nil {
+		return err
+	}
+	if err := dur("MAX_WORKLOAD_CERT_TTL", &opts.CA.MaxWorkloadCertTTL); err != nil {
+		return err
+	}
 	if v := os.Getenv("PILOT_MAX_REQUESTS_PER_SECOND"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || f < 0 {
@@ -137,13 +144,28 @@ func podNamespace() string {
 }
 
 // chooseWebhook leaves the webhook server on its default address only where it can have
-// certificates: from --webhookCertDir, or generated with the API server's help.
+// certificates: from --webhookCertDir, or generated with the API server's help; likewise the
+// secure port, where the CA can keep its root.
 func chooseWebhook(cmd *cobra.Command, opts *discovery.Options) {
 	if opts.Kube == nil && opts.Webhook.CertDir == "" && !cmd.Flags().Changed("webhookAddr") {
 		opts.Webhook.Addr = ""
 	}
 	if opts.Kube == nil {
 		opts.LeaderElection = false
+	}
+	if cmd.Flags().Changed("secureGRPCAddr") {
+		return
+	}
+	// The CA needs a place for its root: the API server, --caDir or --caCertsDir.
+	if opts.Kube == nil && opts.CA.Dir == "" && opts.CA.CertsDir == "" {
+		opts.CA.SecureGRPCAddr = ""
+	}
+	// Bound where xDS is: a replica given its pod's address for --grpcAddr binds 15012 there
+	// too, so replicas sharing a network namespace (the local Kubernetes mesh) do not clash.
+	if host, _, err := net.SplitHostPort(opts.GRPCAddr); err == nil && host != "" && opts.CA.SecureGRPCAddr != "" {
+		if _, port, err := net.SplitHostPort(opts.CA.SecureGRPCAddr); err == nil {
+			opts.CA.SecureGRPCAddr = net.JoinHostPort(host, port)
+		}
 	}
 }
 
@@ -162,14 +184,17 @@ workload metadata are registered as endpoints of the ServiceEntries that select 
 
 On Kubernetes (--kubeconfig, or in a pod) it also serves the Istio objects of the API
 server, validates them at apply time (the admission webhook on --webhookAddr, /validate),
-injects the sidecar into pods (/inject, on the same server), and runs as several
+injects the sidecar into pods (/inject, on the same server), signs workload certificates
+(Istio's certificate API on --secureGRPCAddr; the CA's root kept in the Secret
+istio-ca-secret, or --caDir without Kubernetes), and runs as several
 replicas: one, elected on a Lease in --namespace, writes the objects' status and keeps the
 caBundle of --validationWebhookConfigName and --injectorWebhookConfigName current.
 
 Environment (istiod's names): PILOT_DEBOUNCE_AFTER (100ms), PILOT_DEBOUNCE_MAX (10s),
 PILOT_ENABLE_EDS_DEBOUNCE (true), PILOT_PUSH_THROTTLE (100), PILOT_XDS_SEND_TIMEOUT (5s),
 PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s),
-ENABLE_NATIVE_SIDECARS (auto: when the API server is 1.33 or later; true, false);
+ENABLE_NATIVE_SIDECARS (auto: when the API server is 1.33 or later; true, false),
+DEFAULT_WORKLOAD_CERT_TTL (24h), MAX_WORKLOAD_CERT_TTL (2160h);
 POD_NAMESPACE (--namespace's default), POD_NAME (this replica's name in the Lease; else
 the hostname).`,
 		Args:          cobra.NoArgs,
@@ -218,6 +243,7 @@ the hostname).`,
 	f.DurationVar(&opts.ShutdownGrace, "shutdownGrace", 5*time.Second, "how long open streams get to finish on shutdown")
 	f.StringVar(&opts.WasmCacheDir, "wasmCacheDir", "", "where WasmPlugin modules fetched over http(s) are kept by sha256 (default: <user cache dir>/wasmesh/wasm)")
 	addKubeFlags(f, &opts)
+	addCAFlags(f, &opts.CA)
 	f.DurationVar(&opts.Server.ReconnectWindow, "reconnectWindow", opts.Server.ReconnectWindow,
 		"after start, proxies resuming with their last config get no updates for this long, while the others reconnect and register")
 	return cmd
@@ -242,4 +268,17 @@ func addKubeFlags(f *pflag.FlagSet, opts *discovery.Options) {
 		"(istiod mounts it at /var/lib/istio/inject; default: the built-in defaults)")
 	f.StringVar(&w.InjectorConfigName, "injectorWebhookConfigName", webhook.DefaultMutatingConfig,
 		"the MutatingWebhookConfiguration of injection whose caBundle discovery keeps current (the manifests create it); empty: none")
+}
+
+// addCAFlags adds the flags of the CA and its secure port.
+func addCAFlags(f *pflag.FlagSet, o *discovery.CAOptions) {
+	f.StringVar(&o.SecureGRPCAddr, "secureGRPCAddr", ":15012", "address of the TLS gRPC server of Istio's certificate API (istio.v1.auth.IstioCertificateService); "+
+		"empty: none (default: on --grpcAddr's host; without Kubernetes, --caDir or --caCertsDir, none unless given)")
+	f.StringVar(&o.Dir, "caDir", "", "without Kubernetes: the directory the CA's self-signed root is made in once and kept "+
+		"(ca-cert.pem, ca-key.pem; root-cert.pem there is the root workloads trust)")
+	f.StringVar(&o.CertsDir, "caCertsDir", "", "a plugged-in CA, Istio's cacerts files (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); "+
+		"on Kubernetes the Secret cacerts of discovery's namespace is read too; either wins over the self-signed root")
+	f.StringVar(&o.LocalCredentialKey, "localCredentialKey", "", "PEM Ed25519 public key that local-mesh credentials are checked with "+
+		"(the local mesh runner holds the private key; docs/contracts.md); empty: none accepted")
+	f.StringSliceVar(&o.Hosts, "secureGRPCCertHosts", nil, "more DNS names or IP addresses for the secure port's certificate, beside the istiod Service's names")
 }

@@ -38,7 +38,7 @@ func startProcess(t *testing.T, bin string, c *kubecluster.Cluster, name string)
 	t.Helper()
 	p := &process{name: name, http: freePort(t), webhook: freePort(t), log: &syncBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, "--kubeconfig", c.Kubeconfig, "--grpcAddr", freePort(t), "--httpAddr", p.http,
-		"--webhookAddr", p.webhook, "--webhookCertHosts", "127.0.0.1", "--leaseDuration", testLease.String(),
+		"--webhookAddr", p.webhook, "--secureGRPCAddr", freePort(t), "--webhookCertHosts", "127.0.0.1", "--leaseDuration", testLease.String(),
 		"--wasmCacheDir", t.TempDir())
 	p.cmd.Env = append(os.Environ(), "POD_NAME="+name, "POD_NAMESPACE="+webhooktest.Namespace)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
