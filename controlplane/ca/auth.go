@@ -23,30 +23,32 @@ var errNoIdentity = errors.New("no workload identity")
 // renewal), else the bearer of a Kubernetes service-account token or a local-mesh
 // credential. A caller none of them accepts is refused Unauthenticated, and counted.
 func (s *Server) authenticate(ctx context.Context, a *Authority, trustDomain string) (Identity, error) {
-	var reasons []string
+	var errs []error
 	if leaf, chain := peerCertificate(ctx); leaf != nil {
 		id, err := s.fromCertificate(a, leaf, chain, trustDomain)
 		if err == nil {
 			return id, nil
 		}
-		reasons = append(reasons, "client certificate: "+err.Error())
+		errs = append(errs, fmt.Errorf("client certificate: %w", err))
 	}
 	token, err := bearer(ctx)
 	if err == nil {
 		var id Identity
-		id, err = s.fromToken(ctx, token)
-		if err == nil {
+		if id, err = s.fromToken(ctx, token); err == nil {
 			return id, nil
 		}
 	}
-	reasons = append(reasons, err.Error())
-	if errors.Is(err, errNoIdentity) {
+	errs = append(errs, err)
+	reasons := make([]string, len(errs))
+	for i, e := range errs {
+		reasons[i] = e.Error()
+	}
+	if errors.Is(errors.Join(errs...), errNoIdentity) {
 		s.metrics.idExtraction.Inc()
 	}
 	s.metrics.authnFailure.Inc()
-	msg := "authenticating the caller: " + strings.Join(reasons, "; ")
 	s.log.Warn("CSR caller not authenticated", "reasons", strings.Join(reasons, "; "))
-	return Identity{}, status.Error(codes.Unauthenticated, msg)
+	return Identity{}, status.Error(codes.Unauthenticated, "authenticating the caller: "+strings.Join(reasons, "; "))
 }
 
 // peerCertificate is the client certificate of the TLS connection (nil without one) and the

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"syscall"
 	"testing"
 	"time"
@@ -188,6 +189,17 @@ func TestWorkloadCertificateRenewsItsOwnIdentity(t *testing.T) {
 	_, err = ts.client(t, &tls.Certificate{Certificate: [][]byte{foreign.Bytes}, PrivateKey: key}).
 		CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{Csr: csr})
 	requireCode(t, err, codes.Unauthenticated, "not a valid certificate of this mesh")
+
+	// Signed by this CA, but for another trust domain: no identity here.
+	foreignTD, err := url.Parse("spiffe://other.domain/ns/a/sa/alpha")
+	require.NoError(t, err)
+	otherPEM, err := root.SignWorkload(&key.PublicKey, foreignTD, time.Hour, time.Now())
+	require.NoError(t, err)
+	otherDomain, _ := pem.Decode(otherPEM)
+	_, err = ts.client(t, &tls.Certificate{Certificate: [][]byte{otherDomain.Bytes}, PrivateKey: key}).
+		CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{Csr: csr})
+	requireCode(t, err, codes.Unauthenticated, `"spiffe://other.domain/ns/a/sa/alpha" is not spiffe://cluster.local/ns/<namespace>/sa/<service account>`)
+	assert.Equal(t, 1.0, testutil.ToFloat64(ts.metrics.idExtraction))
 }
 
 // BenchmarkCreateCertificate: certificates issued per second over gRPC and TLS (a
