@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -125,5 +126,47 @@ func TestReplicasShareTheSecretsCA(t *testing.T) {
 	assert.Equal(t, SecretType, sec.Type)
 	for i, k := range keepers {
 		assert.Equal(t, string(sec.Data[CACertFile]), string(k.Current().CertPEM), "replica %d", i)
+	}
+}
+
+// A root rotation as controlplane/README.md describes it: root-cert.pem holds both roots
+// while the old CA signs, then while the new one does; a workload trusting root-cert.pem
+// verifies certificates of either CA throughout.
+func TestRootRotationTrustsBothRoots(t *testing.T) {
+	oldCA, err := NewSelfSigned(time.Now())
+	require.NoError(t, err)
+	newCA, err := NewSelfSigned(time.Now())
+	require.NoError(t, err)
+	both := append(append([]byte{}, oldCA.CertPEM...), newCA.CertPEM...)
+	dir := t.TempDir()
+	write := func(signer *Authority) {
+		for name, b := range map[string][]byte{CACertFile: signer.CertPEM, CAKeyFile: signer.KeyPEM, RootCertFile: both} {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, name), b, 0o600))
+		}
+	}
+	id, err := url.Parse(idA)
+	require.NoError(t, err)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	issue := func() *x509.Certificate {
+		a, err := LoadPluggedDir(dir)
+		require.NoError(t, err)
+		assert.Equal(t, string(both), string(a.RootPEM), "both roots are published")
+		assert.Equal(t, string(both), a.ChainPEMs()[len(a.ChainPEMs())-1], "and answered last")
+		certPEM, err := a.SignWorkload(&key.PublicKey, id, time.Hour, time.Now())
+		require.NoError(t, err)
+		certs, err := parseCerts(certPEM)
+		require.NoError(t, err)
+		return certs[0]
+	}
+	write(oldCA) // step 1: the old CA signs, both roots trusted
+	fromOld := issue()
+	write(newCA) // step 3: the new CA signs, both roots still trusted
+	fromNew := issue()
+	trusting := x509.NewCertPool()
+	require.True(t, trusting.AppendCertsFromPEM(both))
+	for _, c := range []*x509.Certificate{fromOld, fromNew} {
+		_, err := c.Verify(x509.VerifyOptions{Roots: trusting, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		assert.NoError(t, err, "issued by %s", c.Issuer)
 	}
 }
