@@ -70,8 +70,13 @@ func TestCertificatesFromTheCAServedBySDS(t *testing.T) {
 	root, _ := sdstest.Watch(ctx, t, client, sds.RootSecret).Next()
 	assert.Equal(t, ca.RootPEM, root.GetValidationContext().GetTrustedCa().GetInlineBytes())
 
-	boot, err := os.ReadFile(filepath.Join(o.ConfigPath, "envoy-rev0.json"))
-	require.NoError(t, err)
+	// SDS serves before the proxy starts: the bootstrap is written when epoch 0 starts.
+	var boot []byte
+	require.Eventually(t, func() bool {
+		var err error
+		boot, err = os.ReadFile(filepath.Join(o.ConfigPath, "envoy-rev0.json"))
+		return err == nil
+	}, 30*time.Second, 10*time.Millisecond, "the proxy's bootstrap is written")
 	assert.Contains(t, string(boot), `"sds-grpc"`)
 	assert.Contains(t, string(boot), `"path": "`+o.SDSSocket+`"`)
 
