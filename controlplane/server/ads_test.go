@@ -197,5 +197,6 @@ func TestAckAfterNackMovesTheAcceptedVersion(t *testing.T) {
 		assert.Equal(t, 2, c.Acks)
 		assert.Equal(t, 1, c.Nacks)
 		assert.Equal(t, cds.version, c.VersionNacked, "the rejected version stays on record")
+		assert.Equal(t, "rejected", c.NackError, "and its error with it: a later version accepted does not clear it")
 	})
 }
