@@ -192,6 +192,14 @@ func TestWorkloadCertificateRenewsItsOwnIdentity(t *testing.T) {
 		CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{Csr: csr})
 	requireCode(t, err, codes.Unauthenticated, "not a valid certificate of this mesh")
 
+	// An expired certificate of this CA renews nothing.
+	expiredPEM, err := root.SignWorkload(&key.PublicKey, leaf.URIs[0], time.Hour, time.Now().Add(-2*time.Hour))
+	require.NoError(t, err)
+	expired, _ := pem.Decode(expiredPEM)
+	_, err = ts.client(t, &tls.Certificate{Certificate: [][]byte{expired.Bytes}, PrivateKey: key}).
+		CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{Csr: csr})
+	requireCode(t, err, codes.Unauthenticated, "expired")
+
 	// Signed by this CA, but for another trust domain: no identity here.
 	foreignTD, err := url.Parse("spiffe://other.domain/ns/a/sa/alpha")
 	require.NoError(t, err)
