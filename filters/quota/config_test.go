@@ -214,3 +214,22 @@ func TestMetricNames(t *testing.T) {
 	assert.Equal(t, "descriptor=.=per_user;.;decision=.=shadow_denied;.;wasmesh_quota_requests_total", requestsMetric("per_user", "shadow_denied"))
 	assert.Equal(t, "descriptor=.=global;.;reason=.=cas_exhausted;.;wasmesh_quota_fail_open_total", failOpenMetric("global", ratelimit.CASExhausted))
 }
+
+// The bounds of cas_retries (0 to 100) and tick_period (up to 2^32-1 ms, what a proxy-wasm
+// tick takes) hold both ends; one past either end is refused naming the field.
+func TestGlobalBoundsAreInclusive(t *testing.T) {
+	for in, refused := range map[string]string{
+		`"cas_retries": 0`:              "",
+		`"cas_retries": 100`:            "",
+		`"cas_retries": 101`:            "cas_retries: must be between 0 and 100, got 101",
+		`"tick_period": "4294967295ms"`: "",
+		`"tick_period": "4294967296ms"`: `tick_period: "4294967296ms" is too long`,
+	} {
+		_, err := parseConfig([]byte(`{` + in + `, "descriptors": [{"name": "d", ` + okBucket + `}]}`))
+		if refused == "" {
+			assert.NoError(t, err, in)
+		} else if assert.Error(t, err, in) {
+			assert.Contains(t, err.Error(), refused)
+		}
+	}
+}
