@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -105,10 +106,13 @@ func TestInjectionOnKubernetes(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return proxyOf().Image == "registry.local/two/proxyv2:v2"
 	}, time.Minute, 100*time.Millisecond, "new values apply without a restart")
+	rejected := func() float64 {
+		return counterValue(t, d.Reg, "wasmesh_injector_config_reloads_total", "rejected")
+	}
+	before := rejected()
 	writeValues("global: {proxy: {statusPort: -1}}\n")
-	assert.Never(t, func() bool {
-		return proxyOf().Image != "registry.local/two/proxyv2:v2"
-	}, time.Second, 200*time.Millisecond, "a bad values file leaves the last good one in force")
+	require.Eventually(t, func() bool { return rejected() > before }, time.Minute, 20*time.Millisecond, "the bad values file is read")
+	assert.Equal(t, "registry.local/two/proxyv2:v2", proxyOf().Image, "a bad values file leaves the last good one in force")
 }
 
 // mutatingConfig is deploy's MutatingWebhookConfiguration calling url.
@@ -127,4 +131,20 @@ func mutatingConfig(t *testing.T, url string) *admissionregistrationv1.MutatingW
 	}
 	t.Fatal("no MutatingWebhookConfiguration among deploy's manifests")
 	return nil
+}
+
+// counterValue is the value of the counter of family name whose one label has value
+// (0 before its first increment).
+func counterValue(t *testing.T, reg prometheus.Gatherer, name, value string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if f.GetName() == name && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == value {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

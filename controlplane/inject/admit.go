@@ -51,6 +51,7 @@ type Webhook struct {
 	skipped  prometheus.Counter
 	failed   *prometheus.CounterVec
 	latency  prometheus.Histogram
+	reloads  *prometheus.CounterVec
 }
 
 // NewWebhook returns the injection webhook's logic; serve its Admit on Path.
@@ -73,12 +74,14 @@ func NewWebhook(opts WebhookOptions) (*Webhook, error) {
 		skipped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sidecar_injection_skip_total", Help: "Total number of skipped sidecar injection requests."}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sidecar_injection_failure_total", Help: "Total number of failed sidecar injection requests."},
 			[]string{"type"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "wasmesh_injector_config_reloads_total",
+			Help: "Reloads of the injector's configuration from its directory, by result (applied, rejected)."}, []string{"result"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sidecar_injection_time_seconds", Help: "Time to inject a pod, from the request's decoding to its patch.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
 	}
 	w.cfg.Store(opts.Config)
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{w.requests, w.success, w.skipped, w.failed, w.latency} {
+		for _, c := range []prometheus.Collector{w.requests, w.success, w.skipped, w.failed, w.latency, w.reloads} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("injection metrics: %w", err)
 			}
@@ -245,9 +248,11 @@ func (w *Webhook) WatchConfig(ctx context.Context, dir string) error {
 	return dirwatch.Run(ctx, dir, w.log, func() {
 		c, err := LoadConfig(dir)
 		if err != nil {
+			w.reloads.WithLabelValues("rejected").Inc()
 			w.log.Warn("injector configuration not reloaded; the last good one stays", "error", err)
 			return
 		}
 		w.SetConfig(c)
+		w.reloads.WithLabelValues("applied").Inc()
 	})
 }
