@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,6 +164,28 @@ func TestNackIsRecordedAsNack(t *testing.T) {
 		assert.Equal(t, 2, st["cds"].Sent, "CDS sends after the NACK")
 		assert.Equal(t, reason, st["cds"].NackError)
 	})
+}
+
+// A rejection is logged as a warning once per distinct error: a proxy that keeps rejecting
+// every version with the same error adds no warning, a new error does.
+func TestNackWarningsAreLoggedOncePerError(t *testing.T) {
+	m := newMesh(t)
+	p, got := m.connect(1, false)
+	m.waitAcked(p.id, got[cdsType], got[edsType], got[ldsType], got[rdsType])
+	nack := func(n int, reason string) {
+		p.nack(p.nextOf(cdsType), reason)
+		m.waitAcked(p.id, p.ack(p.nextOf(ldsType)))
+		require.Equal(t, n, m.syncz(p.id)["cds"].Nacks)
+	}
+	const warning = "proxy rejected config"
+	m.writeConfig("extra.yaml", extraYAML)
+	nack(1, "rejected")
+	m.writeConfig("extra.yaml", strings.Replace(extraYAML, "9082", "9083", 1))
+	nack(2, "rejected")
+	assert.Equal(t, 1, m.warnings.count(warning), "the same error again")
+	m.removeConfig("extra.yaml")
+	nack(3, "rejected otherwise")
+	assert.Equal(t, 2, m.warnings.count(warning), "a new error")
 }
 
 // After a NACK, the next response the proxy accepts is recorded as accepted: the rejection

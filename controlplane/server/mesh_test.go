@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,6 +11,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,6 +88,37 @@ type testMesh struct {
 	dir     string
 	conn    *grpc.ClientConn
 	ads     discoverygrpc.AggregatedDiscoveryServiceClient
+	// warnings are the server's log records at level WARN and above.
+	warnings *warnings
+}
+
+// warnings keeps the log lines at level WARN and above (a slog TextHandler writes each
+// record in one Write).
+type warnings struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (w *warnings) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte(" level=WARN ")) || bytes.Contains(b, []byte(" level=ERROR ")) {
+		w.mu.Lock()
+		w.lines = append(w.lines, string(b))
+		w.mu.Unlock()
+	}
+	return len(b), nil
+}
+
+// count is the number of warnings containing s.
+func (w *warnings) count(s string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, l := range w.lines {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
 }
 
 // newMesh is the one place that knows how a server is built (as discovery.New assembles
@@ -96,8 +130,8 @@ func newMesh(t *testing.T, tune ...func(*server.Options)) *testMesh {
 	if os.Getenv("WASMESH_TEST_LOG") != "" {
 		logOut = os.Stderr
 	}
-	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	m := &testMesh{t: t, dir: t.TempDir(), metrics: metrics.New(prometheus.NewRegistry())}
+	m := &testMesh{t: t, dir: t.TempDir(), metrics: metrics.New(prometheus.NewRegistry()), warnings: &warnings{}}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(logOut, m.warnings), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m.writeFile("frontend.yaml", frontendYAML)
 	m.writeFile("backend.yaml", backendYAML)
 	m.configs = filedir.New(m.dir, log, m.metrics)
