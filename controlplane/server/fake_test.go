@@ -236,6 +236,20 @@ func serveWith(t *testing.T, opts server.Options, deps server.Deps, dial ...grpc
 	return srv, discoverygrpc.NewAggregatedDiscoveryServiceClient(cc)
 }
 
+// deltaCDS opens a delta stream naming the clusters names and returns it with its first
+// response, which it ACKs.
+func deltaCDS(t *testing.T, ctx context.Context, ads discoverygrpc.AggregatedDiscoveryServiceClient, names ...string) (
+	discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesClient, *discoverygrpc.DeltaDiscoveryResponse) {
+	t.Helper()
+	st, err := ads.DeltaAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: fakeNode(), TypeUrl: xds.ClusterType, ResourceNamesSubscribe: names}))
+	resp, err := st.Recv()
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: xds.ClusterType, ResponseNonce: resp.GetNonce()}))
+	return st, resp
+}
+
 func fakeNode() *core.Node {
 	meta, _ := structpb.NewStruct(map[string]any{"NAMESPACE": "demo"})
 	return &core.Node{Id: "sidecar~10.9.0.1~web-1.demo~demo.svc.cluster.local", Metadata: meta}
@@ -271,14 +285,8 @@ func TestServerSendsWhatItsGeneratorGives(t *testing.T) {
 
 	t.Run("delta", func(t *testing.T) {
 		g.set("v3", "a", "b")
-		st, err := ads.DeltaAggregatedResources(ctx)
-		require.NoError(t, err)
-		require.NoError(t, st.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: fakeNode(), TypeUrl: xds.ClusterType,
-			ResourceNamesSubscribe: []string{"a", "b"}}))
-		resp, err := st.Recv()
-		require.NoError(t, err)
+		st, resp := deltaCDS(t, ctx, ads, "a", "b")
 		assert.Equal(t, []string{"a", "b"}, deltaNames(t, resp.GetResources()))
-		require.NoError(t, st.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: xds.ClusterType, ResponseNonce: resp.GetNonce()}))
 		g.mu.Lock()
 		p := g.proxies[len(g.proxies)-1]
 		g.mu.Unlock()
@@ -296,7 +304,7 @@ func TestServerSendsWhatItsGeneratorGives(t *testing.T) {
 		g.clusters = xds.NewResources([]*xds.Resource{xds.NewResource("a", &clusterv3.Cluster{Name: "a", AltStatName: "changed"})})
 		g.mu.Unlock()
 		g.push()
-		resp, err = st.Recv()
+		resp, err := st.Recv()
 		require.NoError(t, err)
 		assert.Equal(t, []string{"a"}, deltaNames(t, resp.GetResources()))
 		assert.Empty(t, resp.GetRemovedResources(), "b was unsubscribed, not removed")

@@ -66,6 +66,52 @@ func TestPushThrottleBoundsPushesInFlight(t *testing.T) {
 	}
 }
 
+// A delta request that changes no subscription of named resources (here a repeated ACK) gets
+// no response, even when newer config waits in the server's queue for that proxy: the config
+// reaches it with its push, in the push order, not ahead of it.
+func TestARequestChangingNothingSendsNothing(t *testing.T) {
+	g := newFakeGenerator("v1", "a")
+	opts := server.Defaults()
+	opts.PushThrottle = 1
+	srv, ads := serveWith(t, opts, server.Deps{Generator: g})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var streams []discoverygrpc.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+	var nonces []string
+	for i := range 2 {
+		st, resp := deltaCDS(t, ctx, ads, "a", "b")
+		require.Eventually(t, func() bool { return len(srv.Connections()) == i+1 && acks(srv.Connections()[i]) == 1 }, 5*time.Second, time.Millisecond)
+		streams, nonces = append(streams, st), append(nonces, resp.GetNonce())
+	}
+	// The first proxy's push holds the one worker; the second's waits in the queue.
+	release := g.hold(t)
+	g.set("v2", "a", "b")
+	g.push()
+	require.Eventually(t, func() bool { now, _ := g.held(); return now == 1 && srv.Queued() == 1 }, 5*time.Second, time.Millisecond)
+	second := srv.Connections()[1]
+	for range 2 {
+		require.NoError(t, streams[1].Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: xds.ClusterType, ResponseNonce: nonces[1]}))
+	}
+	require.Eventually(t, func() bool { return acks(second) == 3 }, 5*time.Second, time.Millisecond,
+		"both repeated ACKs answer the response sent: nothing was sent in between")
+
+	release()
+	resp, err := streams[1].Recv()
+	require.NoError(t, err)
+	assert.Equal(t, "v2", resp.GetSystemVersionInfo())
+	assert.Equal(t, []string{"b"}, deltaNames(t, resp.GetResources()))
+}
+
+// acks is the number of CDS ACKs a connection recorded.
+func acks(c *server.Connection) int {
+	for _, st := range c.SyncStatus() {
+		if st.Type == "cds" {
+			return st.Acks
+		}
+	}
+	return 0
+}
+
 // A proxy that stops reading is cut off once a send has waited SendTimeout, so it cannot
 // hold a push worker, and it leaves the generator; without a send timeout it is waited for.
 func TestSendTimeoutCutsOffAProxyThatDoesNotRead(t *testing.T) {
