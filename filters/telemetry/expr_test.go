@@ -180,6 +180,8 @@ func TestExpressionErrors(t *testing.T) {
 		{"int(connection.mtls)", "int() of a bool is not supported"},
 		{"size(response.code)", "size() needs a string, not int"},
 		{"(1 + 2).x", "only attributes can be selected from or indexed"},
+		{"'''", "triple-quoted strings are not supported"},
+		{"'''a'''", "triple-quoted strings are not supported"},
 	} {
 		f := &fakeAttrs{}
 		_, err := compileExpr(tc.src, f.resolver(noNode))

@@ -79,3 +79,12 @@ func TestSetWorkloadLabels(t *testing.T) {
 		"destination_cluster": "c1",
 	}, got)
 }
+
+// A status code is its decimal form, from the table for the codes proxies send and
+// computed for any other (a negative one, one past the table).
+func TestStatusText(t *testing.T) {
+	table := newStatusTable()
+	for code, want := range map[int64]string{0: "0", 200: "200", 599: "599", 600: "600", -1: "-1", 1 << 40: "1099511627776"} {
+		assert.Equal(t, want, statusText(code, table), code)
+	}
+}

@@ -47,7 +47,8 @@ func mustDecodeBase64(t *testing.T, s string) []byte {
 }
 
 // TestDecodeSkipsWhatItDoesNotUse decodes a Struct with value kinds Istio sends that the
-// filter ignores (numbers, bools, lists, nested structs under other keys).
+// filter ignores (numbers, bools, lists, nested structs under other keys), and a field a Value
+// it reads does not have, of a wire type Struct does not use (fixed32).
 func TestDecodeSkipsWhatItDoesNotUse(t *testing.T) {
 	var b []byte
 	b = appendStructEntry(b, "ISTIO_VERSION", appendStringValue(nil, "1.20.0"))
@@ -57,7 +58,8 @@ func TestDecodeSkipsWhatItDoesNotUse(t *testing.T) {
 	list := appendBytesField(nil, 6, appendBytesField(nil, 1, appendStringValue(nil, "x")))
 	b = appendStructEntry(b, "APP_CONTAINERS", list)
 	b = appendStructEntry(b, "PLATFORM_METADATA", appendBytesField(nil, 5, nil))
-	b = appendStructEntry(b, "WORKLOAD_NAME", appendStringValue(nil, "ratings-v1"))
+	unknown := append(appendVarint(nil, 9<<3|wireFixed32), 1, 2, 3, 4) // a field Value does not have
+	b = appendStructEntry(b, "WORKLOAD_NAME", appendStringValue(unknown, "ratings-v1"))
 	b = appendStructEntry(b, "NAMESPACE", num) // wrong kind: ignored, not an error
 	labels := appendStructEntry(nil, "app", appendStringValue(nil, "ratings"))
 	labels = appendStructEntry(labels, "n", num)

@@ -101,3 +101,20 @@ func TestKnownLabelValuesAreBounded(t *testing.T) {
 	assert.Equal(t, 1, r.labelSets(0))
 	assert.Equal(t, r.maxKnown, gr.seen)
 }
+
+// A label value list seen before is found by its values whatever strings hold them (each
+// request's values are new strings): it is known once, however often it comes.
+func TestKnownLabelValuesAreFoundByValue(t *testing.T) {
+	r, sink, pl := newTestRegistry(t, `{"metrics": [{"name": "requests_total", "dimensions": {"user": "request.headers['x-user']"}}]}`)
+	for _, u := range []string{"alice", "bob", "alice", "bob", "alice"} {
+		reportOne(r, pl, requestValues(pl, strings.Clone(u)))
+	}
+	gr := &r.groups[pl.metrics[0].group]
+	assert.Equal(t, 2, gr.seen, "two value lists known")
+	assert.Equal(t, 2, r.labelSets(0))
+	total := int64(0)
+	for _, n := range sink.names {
+		total += sink.count(n)
+	}
+	assert.Equal(t, int64(5), total, "every request counted")
+}
