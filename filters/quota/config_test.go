@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -231,5 +232,65 @@ func TestGlobalBoundsAreInclusive(t *testing.T) {
 		} else if assert.Error(t, err, in) {
 			assert.Contains(t, err.Error(), refused)
 		}
+	}
+}
+
+// The configuration's limits hold both ends: 64 descriptors, 16 entries each, a rolling
+// window split into ten slots of at least 1 ms when no bucket_duration is set, at most 64
+// slots when it is; one past any of them is refused naming the field.
+func TestConfigLimitsHoldBothEnds(t *testing.T) {
+	descriptors := func(n int) string {
+		var ds []string
+		for i := range n {
+			ds = append(ds, fmt.Sprintf(`{"name": "d%d", %s}`, i, okBucket))
+		}
+		return `{"descriptors": [` + strings.Join(ds, ", ") + `]}`
+	}
+	entries := func(n int) string {
+		var es []string
+		for i := range n {
+			es = append(es, fmt.Sprintf(`{"key": "k%d", "source": "method"}`, i))
+		}
+		return bucketConfig(okBucket + `, "entries": [` + strings.Join(es, ", ") + `]`)
+	}
+	rolling := func(valid, bucket string) string {
+		q := `"quota": {"max_amount": 1, "valid_duration": "` + valid + `", "rolling_window": true`
+		if bucket != "" {
+			q += `, "bucket_duration": "` + bucket + `"`
+		}
+		return bucketConfig(q + `}`)
+	}
+	for name, tc := range map[string]struct{ in, refused string }{
+		"64 descriptors":      {in: descriptors(64)},
+		"65 descriptors":      {descriptors(65), "descriptors: at most 64 descriptors, got 65"},
+		"16 entries":          {in: entries(16)},
+		"17 entries":          {entries(17), "descriptors[0].entries: at most 16 entries, got 17"},
+		"ten 1ms slots":       {in: rolling("10ms", "")},
+		"ten slots under 1ms": {rolling("9ms", ""), "descriptors[0].quota.bucket_duration: required: valid_duration 9ms does not split into 10 slots"},
+		"64 slots":            {in: rolling("64ms", "1ms")},
+		"65 slots":            {rolling("65ms", "1ms"), "descriptors[0].quota.bucket_duration: 1ms makes 65 slots"},
+		"a property entry":    {in: bucketConfig(okBucket + `, "entries": [{"key": "p", "source": "property", "path": ["a", "b"]}]`)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := parseConfig([]byte(tc.in))
+			if tc.refused == "" {
+				assert.NoError(t, err)
+			} else if assert.Error(t, err) {
+				assert.Contains(t, err.Error(), tc.refused)
+			}
+		})
+	}
+}
+
+// Names take letters, digits, '_', '-' and '.'; header names lower-case letters, digits and
+// the other characters of an HTTP token. The characters next to each range are refused.
+func TestNameAndHeaderCharacters(t *testing.T) {
+	assert.True(t, validName("azAZ09_-."))
+	for _, c := range []string{"`", "{", "@", "[", "/", ":", "a;b"} {
+		assert.False(t, validName(c), c)
+	}
+	assert.True(t, validHeaderName("az09!#$%&'*+-.^_`|~"))
+	for _, c := range []string{"A", "Z", "{", "/", ":", " ", `"`, "`{"} {
+		assert.False(t, validHeaderName(c), c)
 	}
 }
