@@ -1,0 +1,59 @@
+package xds_test
+
+import (
+	"testing"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/stretchr/testify/assert"
+
+	"github.com/wasmesh/wasmesh/controlplane/xds"
+)
+
+// A proxy whose Sidecar imports no service still gets a cluster for each of its inbound
+// ports (here more of them than it has outbound clusters), and the black-hole and
+// passthrough clusters (inbound passthrough too: it redirects inbound traffic).
+func TestClustersOfAProxyThatReachesNothing(t *testing.T) {
+	v := viewOf(t, `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: client, namespace: shop}
+spec:
+  hosts: [client.shop.svc.cluster.local]
+  resolution: STATIC
+  workloadSelector: {labels: {app: client}}
+  ports: [{number: 80, name: http-a}, {number: 81, name: http-b}, {number: 82, name: http-c}, {number: 83, name: http-d}, {number: 84, name: http-e}]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec: {egress: [{hosts: ["elsewhere/nothing.example"]}]}
+`, nil)
+	assert.Equal(t, []string{xds.BlackHoleCluster, xds.InboundPassthroughCluster, xds.PassthroughCluster, "inbound|80||", "inbound|81||", "inbound|82||", "inbound|83||", "inbound|84||"},
+		xds.Clusters(v).Names())
+}
+
+// A DestinationRule in the root namespace (istio-system) applies where neither the client's
+// namespace nor the service's has one, for clients in the service's namespace too.
+func TestRootNamespaceDestinationRuleIsTheLastResort(t *testing.T) {
+	cfg := reviewsSE + `---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews-mesh, namespace: istio-system}
+spec:
+  host: reviews.shop.svc.cluster.local
+  trafficPolicy: {loadBalancer: {simple: RANDOM}}
+`
+	name := "outbound|9080||reviews.shop.svc.cluster.local"
+	assert.Equal(t, cluster.Cluster_RANDOM, clusterOf(t, viewOf(t, cfg, nil), name).GetLbPolicy(), "a client in shop")
+	web := map[string]any{"NAMESPACE": "web", "LABELS": map[string]any{"app": "web"}}
+	assert.Equal(t, cluster.Cluster_RANDOM, clusterOf(t, viewOf(t, cfg, web), name).GetLbPolicy(), "a client in web")
+	local := cfg + `---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: shop}
+spec:
+  host: reviews.shop.svc.cluster.local
+  trafficPolicy: {loadBalancer: {simple: LEAST_REQUEST}}
+`
+	assert.Equal(t, cluster.Cluster_LEAST_REQUEST, clusterOf(t, viewOf(t, local, web), name).GetLbPolicy(), "the service's namespace first")
+}
