@@ -182,6 +182,7 @@ func TestHostOnly(t *testing.T) {
 		"[::1]":                     "[::1]",
 		"weird:port":                "weird:port",
 		"":                          "",
+		":8080":                     "",
 		"reviews.default.svc.local": "reviews.default.svc.local",
 	} {
 		assert.Equal(t, want, string(hostOnly([]byte(in))), in)
@@ -206,8 +207,16 @@ func TestKeyValuesAreUnambiguous(t *testing.T) {
 }
 
 func TestSeconds(t *testing.T) {
-	for d, want := range map[time.Duration]string{0: "0", time.Millisecond: "1", time.Second: "1", 1001 * time.Millisecond: "2", time.Minute: "60"} {
+	for d, want := range map[time.Duration]string{0: "0", time.Millisecond: "1", time.Second: "1", 1001 * time.Millisecond: "2", time.Minute: "60",
+		1023 * time.Second: "1023", 1024 * time.Second: "1024", time.Hour: "3600"} {
 		assert.Equal(t, want, seconds(d), d.String())
+	}
+}
+
+// Header numbers come from the table up to 1023 and are formatted past it.
+func TestUitoa(t *testing.T) {
+	for n, want := range map[uint32]string{0: "0", 1023: "1023", 1024: "1024", 4294967295: "4294967295"} {
+		assert.Equal(t, want, uitoa(n))
 	}
 }
 

@@ -167,6 +167,7 @@ func TestAllowDenySequences(t *testing.T) {
 				{path: "/api/v1/other", status: 429, remaining: "0"},
 				{path: "/api/v2", status: 200, remaining: "0"},
 				{path: "/api/v3", status: 429, remaining: "0"},
+				{path: "/api/", status: 429, remaining: "0"}, // the prefix itself
 				{path: "/static", status: 200},
 			},
 		},
