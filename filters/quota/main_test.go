@@ -73,6 +73,7 @@ type result struct {
 	headers map[string]string // the 429's headers, or the forwarded response's
 	body    string
 	action  types.Action
+	grpc    int32 // the local reply's gRPC status (-1: none)
 }
 
 // do sends one request with the given extra headers and, if it is forwarded, a 200
@@ -87,7 +88,7 @@ func (e *env) do(t testing.TB, path string, extra ...string) result {
 	id := e.host.InitializeHttpContext()
 	r := result{action: e.host.CallOnRequestHeaders(id, hs, true), headers: map[string]string{}}
 	if resp := e.host.GetSentLocalResponse(id); resp != nil {
-		r.status, r.body = resp.StatusCode, string(resp.Data)
+		r.status, r.body, r.grpc = resp.StatusCode, string(resp.Data), resp.GRPCStatus
 		for _, h := range resp.Headers {
 			r.headers[h[0]] = h[1]
 		}
@@ -257,6 +258,7 @@ func TestTooManyRequestsResponse(t *testing.T) {
 		"retry-after":           "8",
 	}, got.headers)
 	assert.Equal(t, "too many requests: quota per_user exhausted\n", got.body)
+	assert.Equal(t, int32(-1), got.grpc, "a plain HTTP 429: no gRPC status")
 
 	assert.Equal(t, uint64(2), e.counter(t, requestsMetric("per_user", "allowed")))
 	assert.Equal(t, uint64(1), e.counter(t, requestsMetric("per_user", "denied")))
