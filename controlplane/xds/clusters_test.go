@@ -4,7 +4,9 @@ import (
 	"testing"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
@@ -56,4 +58,52 @@ spec:
   trafficPolicy: {loadBalancer: {simple: LEAST_REQUEST}}
 `
 	assert.Equal(t, cluster.Cluster_LEAST_REQUEST, clusterOf(t, viewOf(t, local, web), name).GetLbPolicy(), "the service's namespace first")
+}
+
+// A port-level consistent hash applies to the routes of its own port only, and a port-level
+// load balancer reaches a subset of the rule as well (the subset's own policy changing
+// something else).
+func TestPortLevelSettingsApplyToTheirPort(t *testing.T) {
+	v := viewOf(t, reviewsSE+`---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: shop}
+spec:
+  host: reviews.shop.svc.cluster.local
+  trafficPolicy:
+    loadBalancer: {simple: ROUND_ROBIN}
+    portLevelSettings:
+    - {port: {number: 9090}, loadBalancer: {consistentHash: {httpHeaderName: x-other}}}
+    - {port: {number: 9080}, loadBalancer: {consistentHash: {httpHeaderName: x-user}}}
+  subsets:
+  - {name: v1, labels: {version: v1}, trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}}
+`, nil)
+	r := vhost(t, routeConfig(t, v, "9080"), "reviews.shop.svc.cluster.local:9080").GetRoutes()[0]
+	require.Len(t, r.GetRoute().GetHashPolicy(), 1)
+	assert.Equal(t, "x-user", r.GetRoute().GetHashPolicy()[0].GetHeader().GetHeaderName())
+	subset := clusterOf(t, v, "outbound|9080|v1|reviews.shop.svc.cluster.local")
+	assert.Equal(t, cluster.Cluster_RING_HASH, subset.GetLbPolicy(), "the port's hash, not the rule's round robin")
+	assert.Equal(t, uint32(7), subset.GetCircuitBreakers().GetThresholds()[0].GetMaxConnections().GetValue())
+}
+
+// An endpoint's locality may name only a region (or a region and a zone).
+func TestEndpointLocalityMayBeARegionOnly(t *testing.T) {
+	v := viewOf(t, `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: geo, namespace: shop}
+spec:
+  hosts: [geo.shop.svc.cluster.local]
+  resolution: STATIC
+  ports: [{number: 80, name: http}]
+  endpoints: [{address: 10.3.0.1, locality: eu}, {address: 10.3.0.2, locality: us/east}]
+`, nil)
+	rs := xds.Endpoints(v, []string{"outbound|80||geo.shop.svc.cluster.local"})
+	require.Len(t, rs, 1)
+	var got []string
+	for _, le := range rs[0].Message.(*endpoint.ClusterLoadAssignment).GetEndpoints() {
+		l := le.GetLocality()
+		got = append(got, l.GetRegion()+"|"+l.GetZone()+"|"+l.GetSubZone())
+	}
+	assert.ElementsMatch(t, []string{"eu||", "us|east|"}, got)
 }
