@@ -276,6 +276,24 @@ func TestAnEnforcedDenialStopsLaterDescriptors(t *testing.T) {
 	assert.Equal(t, uint64(2), e.counter(t, requestsMetric("first", "denied")))
 }
 
+// The rate-limit headers are those of the descriptor closest to its limit, the first of
+// those equally close; starting the filter logs no warning.
+func TestHeadersComeFromTheClosestDescriptor(t *testing.T) {
+	e := start(t, `{"descriptors": [
+		{"name": "slow", "token_bucket": {"max_tokens": 5, "fill_interval": "10s"}},
+		{"name": "slower", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}},
+		{"name": "small", "token_bucket": {"max_tokens": 3, "fill_interval": "30s"}}]}`)
+	assert.Empty(t, e.host.GetWarnLogs())
+	assert.Equal(t, map[string]string{"x-ratelimit-limit": "3", "x-ratelimit-remaining": "2", "x-ratelimit-reset": "30"}, e.do(t, "/").headers,
+		"small is the closest")
+
+	e = start(t, `{"descriptors": [
+		{"name": "slow", "token_bucket": {"max_tokens": 5, "fill_interval": "10s"}},
+		{"name": "slower", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`)
+	assert.Equal(t, map[string]string{"x-ratelimit-limit": "5", "x-ratelimit-remaining": "4", "x-ratelimit-reset": "10"}, e.do(t, "/").headers,
+		"equally close: the first")
+}
+
 func TestShadowMode(t *testing.T) {
 	for name, cfg := range map[string]string{
 		"global":         `{"shadow": true, "descriptors": [{"name": "d", "token_bucket": {"max_tokens": 1, "fill_interval": "1m"}}]}`,
