@@ -72,6 +72,12 @@ func TestOutputCaptureIsBounded(t *testing.T) {
 	c.reset()
 	_, _ = c.Write([]byte("short"))
 	assert.Equal(t, "short", c.String())
+
+	// A start whose only line end is its first byte is cut there: the line that runs past
+	// the kept start is left out whole, as the one that runs into the kept end.
+	c.reset()
+	_, _ = c.Write([]byte("\n" + strings.Repeat("x", 5000) + "\nend\n"))
+	assert.Equal(t, "\n... (5001 bytes omitted) ...\nend\n", c.String())
 }
 
 // A file that is not WebAssembly is refused by its digest unless the embedder names it.
