@@ -14,18 +14,20 @@ import (
 type fakeUpstream struct {
 	mu      sync.Mutex
 	reqs    []*HTTPCallRequest
+	ctxs    []context.Context // each call's, which the host cancels when the call ends
 	pending []func(*HTTPCallResponse, error)
 	answer  *HTTPCallResponse // answer at once when set
 	unknown bool
 }
 
-func (u *fakeUpstream) DispatchHTTPCall(_ context.Context, req *HTTPCallRequest, done func(*HTTPCallResponse, error)) error {
+func (u *fakeUpstream) DispatchHTTPCall(ctx context.Context, req *HTTPCallRequest, done func(*HTTPCallResponse, error)) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.unknown {
 		return ErrUnknownCluster
 	}
 	u.reqs = append(u.reqs, req)
+	u.ctxs = append(u.ctxs, ctx)
 	if u.answer != nil {
 		done(u.answer, nil)
 		return nil
@@ -56,10 +58,22 @@ func TestHTTPCallAnsweredAfterTheCallback(t *testing.T) {
 	assert.Equal(t, 5*time.Second, req.Timeout)
 	// The response was delivered to the root context after the stream's callback, through
 	// the call-response maps and buffer; the guest switched to the stream with
-	// proxy_set_effective_context (an unknown id is BadArgument) and resumed it.
+	// proxy_set_effective_context (an unknown id is BadArgument; the root context itself may
+	// be made effective) and resumed it.
 	assert.Equal(t, "200:allowed:2:2:200", hget(h, "x-auth"))
-	assert.Equal(t, "0:2", hget(h, "x-effective"))
+	assert.Equal(t, "0:2:0", hget(h, "x-effective"))
 	assert.Equal(t, []Signal{{Kind: SignalContinue, Stream: StreamRequest}}, sigs.list())
+}
+
+// A call without a timeout (0) is answered like any other: no timer to stop.
+func TestHTTPCallWithoutATimeout(t *testing.T) {
+	up := &fakeUpstream{answer: &HTTPCallResponse{Headers: [][2]string{{":status", "200"}}, Body: []byte("ok")}}
+	f := newFixture(t, "kitchen", PluginConfig{}, Environment{HTTPCalls: up})
+	s, _, h := f.headersOnly(t, StreamOptions{}, [2]string{"x-op", "httpcall"}, [2]string{"x-call-timeout", "0"})
+	defer s.Finish(context.Background())
+	require.Len(t, up.reqs, 1)
+	assert.Zero(t, up.reqs[0].Timeout)
+	assert.Equal(t, "200:ok:0:1:200", hget(h, "x-auth"))
 }
 
 func TestHTTPCallTimeoutDeliversAFailure(t *testing.T) {
@@ -77,10 +91,12 @@ func TestHTTPCallTimeoutDeliversAFailure(t *testing.T) {
 	// A timeout is a failed call: no headers, status BrokenConnection, message "timeout".
 	assert.Equal(t, "failed:11:timeout", hget(h, "x-auth"))
 	assert.Equal(t, []Signal{{Kind: SignalContinue, Stream: StreamRequest}}, sigs.list())
-	// A late answer is dropped.
+	// The upstream's context ends with the timeout as its cause.
 	up.mu.Lock()
-	done := up.pending[0]
+	done, callCtx := up.pending[0], up.ctxs[0]
 	up.mu.Unlock()
+	assert.ErrorIs(t, context.Cause(callCtx), ErrHTTPCallTimeout)
+	// A late answer is dropped.
 	done(&HTTPCallResponse{Headers: [][2]string{{":status", "200"}}}, nil)
 	assert.Len(t, sigs.list(), 1)
 }

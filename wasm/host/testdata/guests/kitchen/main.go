@@ -435,6 +435,7 @@ func onHTTPCallResponse(root, token, nh, bodySize, nt uint32) {
 	var code, mp, ms uint32
 	abi.ProxyGetStatus(unsafe.Pointer(&code), unsafe.Pointer(&mp), unsafe.Pointer(&ms))
 	msg := string(abi.Take(mp, ms))
+	rootSt := abi.ProxySetEffectiveContext(root) // the root context itself, then back to the stream
 	st := abi.ProxySetEffectiveContext(sid)
 	bad := abi.ProxySetEffectiveContext(424242)
 	if nh == 0 {
@@ -442,7 +443,7 @@ func onHTTPCallResponse(root, token, nh, bodySize, nt uint32) {
 	} else {
 		abi.AddHeader(abi.RequestHeaders, "x-auth", status+":"+string(body)+":"+strconv.Itoa(len(trailers))+":"+itoa(nh)+":"+itoa(code))
 	}
-	abi.AddHeader(abi.RequestHeaders, "x-effective", itoa(st)+":"+itoa(bad))
+	abi.AddHeader(abi.RequestHeaders, "x-effective", itoa(st)+":"+itoa(bad)+":"+itoa(rootSt))
 	s := streams[sid]
 	if s != nil && s.ops["deny-on-call"] {
 		abi.SendLocalResponse(401, "denied after call", []byte("call said no"), nil, 16)
