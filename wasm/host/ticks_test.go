@@ -79,6 +79,13 @@ func TestForeignFunctions(t *testing.T) {
 	f = newFixture(t, "kitchen", PluginConfig{}, Environment{})
 	_, h = f.op(t, "foreign")
 	assert.Equal(t, "12::12", hget(h, "x-foreign"))
+
+	// A function that fails with output: the guest gets its status (its SDK then drops the
+	// output).
+	failing := func(context.Context, []byte) ([]byte, Status) { return []byte("why"), StatusBadArgument }
+	f = newFixture(t, "kitchen", PluginConfig{}, Environment{ForeignFunctions: map[string]ForeignFunction{"echo": failing}})
+	_, h = f.op(t, "foreign")
+	assert.Equal(t, "2::1", hget(h, "x-foreign"))
 }
 
 // Close follows Envoy: a root context that returns false from proxy_on_done is waited for
