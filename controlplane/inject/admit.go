@@ -1,12 +1,13 @@
 package inject
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -202,7 +203,7 @@ func fieldOps(prefix string, a, b map[string]json.RawMessage) []patchOp {
 		switch {
 		case !ok:
 			ops = append(ops, patchOp{Op: "add", Path: prefix + escapePointer(k), Value: b[k]})
-		case !jsonEqual(old, b[k]):
+		case !bytes.Equal(old, b[k]): // both sides as json.Marshal writes them
 			ops = append(ops, patchOp{Op: "replace", Path: prefix + escapePointer(k), Value: b[k]})
 		}
 	}
@@ -215,32 +216,7 @@ func fieldOps(prefix string, a, b map[string]json.RawMessage) []patchOp {
 }
 
 // escapePointer escapes a key for a JSON pointer (RFC 6901).
-func escapePointer(k string) string {
-	out := make([]byte, 0, len(k))
-	for i := 0; i < len(k); i++ {
-		switch k[i] {
-		case '~':
-			out = append(out, '~', '0')
-		case '/':
-			out = append(out, '~', '1')
-		default:
-			out = append(out, k[i])
-		}
-	}
-	return string(out)
-}
-
-// jsonEqual compares two JSON texts by value (the API server's spacing and key order are
-// not Go's).
-func jsonEqual(a, b json.RawMessage) bool {
-	var x, y any
-	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
-		return slices.Equal(a, b)
-	}
-	ax, _ := json.Marshal(x)
-	by, _ := json.Marshal(y)
-	return string(ax) == string(by)
-}
+var escapePointer = strings.NewReplacer("~", "~0", "/", "~1").Replace
 
 // WatchConfig reloads the configuration from dir (LoadConfig's files) whenever it changes,
 // until ctx ends: a configuration that does not load is logged and the last good one stays.
