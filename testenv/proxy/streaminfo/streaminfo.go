@@ -5,6 +5,7 @@
 package streaminfo
 
 import (
+	"crypto/x509"
 	"strings"
 	"sync"
 	"time"
@@ -82,6 +83,9 @@ type Info struct {
 	// 1 inbound, 2 outbound).
 	Listener  string
 	Direction int
+	// DownstreamTLS is the client connection's TLS (nil when it is plaintext), fixed when
+	// the connection's handshake completed, before any stream starts.
+	DownstreamTLS *TLS
 
 	routeName       string
 	clusterName     string
@@ -95,6 +99,46 @@ type Info struct {
 	duration        time.Duration
 	upstreamFailure string
 	attempts        int
+	upstreamTLS     *TLS
+}
+
+// TLS is what one TLS connection established (Envoy's Ssl::ConnectionInfo): the values the
+// RBAC filter, x-forwarded-client-cert, the access log and Wasm's connection.* and
+// upstream.* attributes read. It is immutable once made.
+type TLS struct {
+	Version string // "TLSv1.2", "TLSv1.3"
+	Cipher  string // IANA name, e.g. "TLS_AES_128_GCM_SHA256"
+	SNI     string // the server name the client asked for
+	ALPN    string // the negotiated application protocol
+	// PeerURISANs and LocalURISANs are the URI SANs of the peer's and of our own
+	// certificate (a mesh workload's SPIFFE identity comes first); PeerCertificate is the
+	// peer's leaf (nil when the peer sent none), PeerSubject its subject, DNS SANs apart.
+	PeerURISANs     []string
+	LocalURISANs    []string
+	PeerDNSSANs     []string
+	PeerSubject     string
+	PeerCertificate *x509.Certificate
+}
+
+// PeerPrincipal is the peer's identity as Envoy's RBAC reads it (the first URI SAN, else
+// the first DNS SAN, else the subject); "" without a peer certificate.
+func (t *TLS) PeerPrincipal() string {
+	switch {
+	case t == nil || t.PeerCertificate == nil:
+		return ""
+	case len(t.PeerURISANs) > 0:
+		return t.PeerURISANs[0]
+	case len(t.PeerDNSSANs) > 0:
+		return t.PeerDNSSANs[0]
+	}
+	return t.PeerSubject
+}
+
+// SetUpstreamTLS records the TLS of the upstream connection the stream was sent on.
+func (i *Info) SetUpstreamTLS(t *TLS) {
+	i.mu.Lock()
+	i.upstreamTLS = t
+	i.mu.Unlock()
 }
 
 // SetRoute records the routing decision.
@@ -162,6 +206,7 @@ type Snapshot struct {
 	Duration                    time.Duration
 	UpstreamFailure             string
 	Attempts                    int
+	UpstreamTLS                 *TLS
 }
 
 // Snapshot copies the mutable fields.
@@ -171,5 +216,5 @@ func (i *Info) Snapshot() Snapshot {
 	return Snapshot{RouteName: i.routeName, ClusterName: i.clusterName, UpstreamHost: i.upstream,
 		UpstreamLocal: i.upstreamLocal, Flags: i.flags, Code: i.code, Details: i.details,
 		BytesIn: i.bytesIn, BytesOut: i.bytesOut, Duration: i.duration,
-		UpstreamFailure: i.upstreamFailure, Attempts: i.attempts}
+		UpstreamFailure: i.upstreamFailure, Attempts: i.attempts, UpstreamTLS: i.upstreamTLS}
 }
