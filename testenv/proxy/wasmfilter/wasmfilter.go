@@ -31,6 +31,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
 	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
+	"github.com/wasmesh/wasmesh/testenv/proxy/streaminfo"
 	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
 	"github.com/wasmesh/wasmesh/wasm/host"
 	"github.com/wasmesh/wasmesh/wasm/httpfilter"
@@ -428,7 +429,47 @@ func streamInfo(s *hcm.Stream) host.StreamInfo {
 		Source:      host.Address(s.Info.DownstreamPeer),
 		Destination: host.Address(s.Info.DownstreamLocal),
 		Properties:  map[string]any{"listener_direction": int64(s.Info.Direction)},
+		Connection:  connectionInfo(s.Info.DownstreamTLS),
 	}
+}
+
+// connectionInfo is the connection.* attributes of a downstream connection with TLS t (nil:
+// plaintext, where Envoy has none of them and connection.mtls is false).
+func connectionInfo(t *streaminfo.TLS) host.ConnectionInfo {
+	if t == nil {
+		return host.ConnectionInfo{}
+	}
+	c := host.ConnectionInfo{MTLS: t.PeerCertificate != nil, RequestedServerName: t.SNI}
+	c.TLSVersion, c.URISanLocalCertificate, c.URISanPeerCertificate, c.DNSSanPeerCertificate,
+		c.SubjectPeerCertificate, c.SHA256PeerCertificateDigest = tlsAttrs(t)
+	return c
+}
+
+// upstreamInfo adds the upstream.* TLS attributes of the upstream connection's TLS t.
+func upstreamInfo(u *host.UpstreamInfo, t *streaminfo.TLS) {
+	if t == nil {
+		return
+	}
+	u.TLSVersion, u.URISanLocalCertificate, u.URISanPeerCertificate, u.DNSSanPeerCertificate,
+		u.SubjectPeerCertificate, u.SHA256PeerCertificateDigest = tlsAttrs(t)
+}
+
+// tlsAttrs are the attributes connection.* and upstream.* share, as Envoy renders them: the
+// first URI/DNS SAN, the peer's subject in RFC 2253 form, its certificate's SHA-256 in hex.
+func tlsAttrs(t *streaminfo.TLS) (version, localURI, peerURI, peerDNS, peerSubject, peerDigest string) {
+	first := func(l []string) string {
+		if len(l) == 0 {
+			return ""
+		}
+		return l[0]
+	}
+	version, localURI, peerURI, peerDNS = t.Version, first(t.LocalURISANs), first(t.PeerURISANs), first(t.PeerDNSSANs)
+	if c := t.PeerCertificate; c != nil {
+		peerSubject = t.PeerSubject
+		sum := sha256.Sum256(c.Raw)
+		peerDigest = hex.EncodeToString(sum[:])
+	}
+	return
 }
 
 func (f *filter) updateInfo(s *hcm.Stream) {
@@ -441,6 +482,7 @@ func (f *filter) updateInfo(s *hcm.Stream) {
 		i.Upstream.Address = host.Address(snap.UpstreamHost)
 		i.Upstream.LocalAddress = host.Address(snap.UpstreamLocal)
 		i.Upstream.TransportFailureReason = snap.UpstreamFailure
+		upstreamInfo(&i.Upstream, snap.UpstreamTLS)
 	})
 }
 
