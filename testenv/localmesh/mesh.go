@@ -48,6 +48,9 @@ type Options struct {
 	DiscoveryEnv []string
 	// Logf reports progress; nil is silent.
 	Logf func(format string, args ...any)
+	// Identity runs discovery's CA and gives every pod a credential (identity.go), so
+	// agents get their workload certificates from the CA and serve them to the proxy by SDS.
+	Identity bool
 }
 
 // Mesh is a running local mesh.
@@ -60,6 +63,7 @@ type Mesh struct {
 	grpcAddr  string
 	httpAddr  string
 	proxyBin  string
+	identity  *identity // nil without Options.Identity
 
 	mu        sync.Mutex
 	discovery *Process
@@ -118,6 +122,12 @@ func Start(ctx context.Context, opts Options) (*Mesh, error) {
 	}
 	m.grpcAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(grpc))
 	m.httpAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort))
+	if opts.Identity {
+		if m.identity, err = newIdentity(m.opts.Dir); err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
 	if err := m.StartDiscovery(ctx); err != nil {
 		m.Close()
 		return nil, err
@@ -261,9 +271,12 @@ func (m *Mesh) RemoveConfig(name string) error {
 // StartDiscovery starts discovery (again, after StopDiscovery) and waits until it is ready.
 func (m *Mesh) StartDiscovery(ctx context.Context) error {
 	env := append([]string{"PILOT_DEBOUNCE_AFTER=100ms"}, m.opts.DiscoveryEnv...)
-	p, err := m.startProcess("discovery", filepath.Join(m.opts.Dir, "logs"), filepath.Join(m.opts.BinDir, "discovery"),
-		[]string{"--configDir", m.configDir, "--grpcAddr", m.grpcAddr, "--httpAddr", m.httpAddr,
-			"--workloadEntryGracePeriod", "3s", "--wasmCacheDir", filepath.Join(m.opts.Dir, "wasm-cache")}, env)
+	args := []string{"--configDir", m.configDir, "--grpcAddr", m.grpcAddr, "--httpAddr", m.httpAddr,
+		"--workloadEntryGracePeriod", "3s", "--wasmCacheDir", filepath.Join(m.opts.Dir, "wasm-cache")}
+	if m.identity != nil {
+		args = append(args, m.identity.discoveryArgs()...)
+	}
+	p, err := m.startProcess("discovery", filepath.Join(m.opts.Dir, "logs"), filepath.Join(m.opts.BinDir, "discovery"), args, env)
 	if err != nil {
 		return err
 	}

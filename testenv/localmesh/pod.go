@@ -368,6 +368,13 @@ func (p *Pod) startAgent(n int) error {
 		"ISTIO_META_WORKLOAD_NAME=" + p.Spec.Labels["app"] + "-" + p.Spec.Labels["version"],
 		"PROXY_CONFIG=" + fmt.Sprintf(`{"terminationDrainDuration": %q}`, p.Spec.TerminationDrainDuration.String()),
 	}
+	if m.identity != nil {
+		idEnv, err := m.identity.podEnv(p)
+		if err != nil {
+			return err
+		}
+		env = append(env, idEnv...)
+	}
 	env = append(env, p.Spec.Env...)
 	agent, err := m.startProcess("agent", p.logDir(), filepath.Join(m.opts.BinDir, "agent"), []string{
 		"proxy", "sidecar",
