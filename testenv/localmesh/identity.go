@@ -13,6 +13,10 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/ca"
 )
 
+// tlsModeLabel marks a workload whose sidecar takes mutual TLS (Istio's auto mTLS reads it
+// from the endpoint's labels).
+const tlsModeLabel = "security.istio.io/tlsMode"
+
 // credentialLifetime is how long a pod's credential is good for: the life of any local
 // mesh (a Kubernetes projected token is refreshed by the kubelet; a local pod's credential
 // is not).

@@ -115,6 +115,9 @@ func (m *Mesh) AddPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if spec.TerminationDrainDuration == 0 {
 		spec.TerminationDrainDuration = 2 * time.Second
 	}
+	if m.identity != nil && spec.Labels[tlsModeLabel] == "" {
+		spec.Labels[tlsModeLabel] = "istio" // as Istio's injector labels a pod with a sidecar
+	}
 	m.mu.Lock()
 	m.podSeq++
 	n := m.podSeq
