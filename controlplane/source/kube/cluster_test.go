@@ -20,7 +20,7 @@ import (
 )
 
 // The Istio kinds the tests install (the source's default set).
-var testCRDKinds = []string{"ServiceEntry", "WorkloadEntry", "VirtualService", "DestinationRule", "Sidecar", "EnvoyFilter", "WasmPlugin", "Telemetry"}
+var testCRDKinds = []string{"ServiceEntry", "WorkloadEntry", "VirtualService", "DestinationRule", "Sidecar", "EnvoyFilter", "WasmPlugin", "Telemetry", "PeerAuthentication", "AuthorizationPolicy"}
 
 // shared is one real cluster (etcd, kube-apiserver, kube-controller-manager, Istio's CRDs)
 // for the tests that only add objects, each in namespaces of its own; tests that stop the

@@ -112,6 +112,25 @@ spec:
     - match: {metric: REQUEST_COUNT, mode: CLIENT_AND_SERVER}
       tagOverrides:
         request_path: {value: request.url_path}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: reviews, namespace: __NS__}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  mtls: {mode: STRICT}
+  portLevelMtls:
+    9080: {mode: PERMISSIVE}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews, namespace: __NS__}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/__NS__/sa/productpage"]}}]
+    to: [{operation: {methods: [GET]}}]
 `
 
 // apply creates (or replaces the spec of) the objects of a YAML file through the API

@@ -7,6 +7,7 @@ import (
 	extensionsv1alpha1 "istio.io/client-go/pkg/apis/extensions/v1alpha1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	networkingv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	telemetryv1 "istio.io/client-go/pkg/apis/telemetry/v1"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
@@ -126,6 +127,24 @@ var istioKinds = []istioKind{
 			v := o.(*telemetryv1.Telemetry)
 			return v, &v.Spec, &v.Status
 		}, func(c istioclient.Interface) rest.Interface { return c.TelemetryV1().RESTClient() }},
+	{config.PeerAuthentication, "security.istio.io", "v1", "peerauthentications",
+		func(f istioinformers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Security().V1().PeerAuthentications().Informer()
+		},
+		func(o any) (metav1.Object, proto.Message, istioStatus) {
+			v := o.(*securityv1.PeerAuthentication)
+			return v, &v.Spec, &v.Status
+		}, securityV1},
+	{config.AuthorizationPolicy, "security.istio.io", "v1", "authorizationpolicies",
+		func(f istioinformers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Security().V1().AuthorizationPolicies().Informer()
+		},
+		func(o any) (metav1.Object, proto.Message, istioStatus) {
+			v := o.(*securityv1.AuthorizationPolicy)
+			return v, &v.Spec, &v.Status
+		}, securityV1},
 }
 
 func networkingV1(c istioclient.Interface) rest.Interface { return c.NetworkingV1().RESTClient() }
+
+func securityV1(c istioclient.Interface) rest.Interface { return c.SecurityV1().RESTClient() }

@@ -127,7 +127,7 @@ func TestForbiddenResourceNamed(t *testing.T) {
 	user := "limited-" + namespace(t, c, nil)
 	rules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"services", "pods", "nodes", "namespaces"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{"networking.istio.io", "extensions.istio.io", "telemetry.istio.io"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"networking.istio.io", "extensions.istio.io", "telemetry.istio.io", "security.istio.io"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}},
 		// no endpointslices
 	}
 	_, err := c.Client.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: rules}, metav1.CreateOptions{})
