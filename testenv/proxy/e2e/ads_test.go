@@ -94,8 +94,12 @@ func (cp *controlPlane) start(addr string) {
 		addr = "127.0.0.1:0"
 	}
 	// The old socket of a restarted control plane may linger.
+	network := "tcp"
+	if strings.HasPrefix(addr, "/") {
+		network = "unix" // a pipe address (tests of the xds-grpc pipe cluster)
+	}
 	require.Eventually(cp.t, func() bool {
-		lis, err = net.Listen("tcp", addr)
+		lis, err = net.Listen(network, addr)
 		return err == nil
 	}, 5*time.Second, 20*time.Millisecond, "listen on %s", addr)
 	cp.addr = lis.Addr().String()

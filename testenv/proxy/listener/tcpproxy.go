@@ -119,7 +119,7 @@ func (t *tcpProxy) ServeConn(conn net.Conn) {
 			}
 			lbctx.Attempted = append(lbctx.Attempted, host)
 			var d net.Dialer
-			c, err := d.DialContext(t.run, "tcp", host.Address)
+			c, err := d.DialContext(t.run, host.DialNetwork(), host.Address)
 			if err == nil {
 				up = c
 				cl.ReportResult(host, upstream.LocalOriginConnectSuccess)

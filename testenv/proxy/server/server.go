@@ -478,7 +478,7 @@ func (s *Server) startXDS() error {
 				return nil, fmt.Errorf("xds cluster %s has no hosts", clusterName)
 			}
 			var d net.Dialer
-			return d.DialContext(ctx, "tcp", h.Address)
+			return d.DialContext(ctx, h.DialNetwork(), h.Address)
 		}))
 	if err != nil {
 		return fmt.Errorf("ads: %w", err)

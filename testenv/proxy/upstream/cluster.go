@@ -189,6 +189,9 @@ type Cluster struct {
 	h2             *http2.Transport
 	cxMu           sync.Mutex
 	conns          map[*countedConn]struct{}
+	pipeMu         sync.Mutex
+	pipeKeys       map[string]string // pipe path -> HTTP/2 pool key
+	pipePaths      map[string]string // HTTP/2 pool key -> pipe path
 }
 
 // Hosts returns the current host set (never nil once the cluster is active).
@@ -325,11 +328,12 @@ func (c *Cluster) UsesHTTP2(downstreamHTTP2 bool) bool {
 // protocol for clusters that follow the downstream.
 func (c *Cluster) RoundTrip(req *http.Request, h *Host, downstreamHTTP2 bool) (*http.Response, error) {
 	req.URL.Scheme = "http"
-	req.URL.Host = h.Address
 	if c.UsesHTTP2(downstreamHTTP2) {
+		req.URL.Host = c.h2Key(h)
 		return c.h2.RoundTrip(req)
 	}
-	return c.h1.roundTrip(req, h.Address)
+	req.URL.Host = h.Address
+	return c.h1.roundTrip(req, h.DialNetwork(), h.Address)
 }
 
 // Close drops the cluster's idle connections (a removed or replaced cluster).
@@ -353,6 +357,35 @@ func (cc *countedConn) Close() error {
 		cc.c.cxMu.Unlock()
 	})
 	return cc.Conn.Close()
+}
+
+// h2Key is the authority the HTTP/2 transport pools a host's connections by: its address,
+// or for a pipe a made-up name that dialH2 maps back to the path (a path is no authority).
+func (c *Cluster) h2Key(h *Host) string {
+	if h.Network == "" {
+		return h.Address
+	}
+	c.pipeMu.Lock()
+	defer c.pipeMu.Unlock()
+	k, ok := c.pipeKeys[h.Address]
+	if !ok {
+		k = "pipe-" + strconv.Itoa(len(c.pipeKeys)) + ".invalid:0"
+		if c.pipeKeys == nil {
+			c.pipeKeys, c.pipePaths = map[string]string{}, map[string]string{}
+		}
+		c.pipeKeys[h.Address], c.pipePaths[k] = k, h.Address
+	}
+	return k
+}
+
+func (c *Cluster) dialH2(ctx context.Context, addr string) (net.Conn, error) {
+	c.pipeMu.Lock()
+	path, ok := c.pipePaths[addr]
+	c.pipeMu.Unlock()
+	if ok {
+		return c.dial(ctx, "unix", path, true)
+	}
+	return c.dial(ctx, "tcp", addr, true)
 }
 
 func (c *Cluster) dial(ctx context.Context, network, addr string, h2 bool) (net.Conn, error) {
@@ -422,8 +455,8 @@ func newCluster(cfg *clusterv3.Cluster, version string, sc stats.Scope, lb LoadB
 	c.h1 = newH1Pool(c, idle)
 	c.h2 = &http2.Transport{
 		AllowHTTP: true,
-		DialTLSContext: func(ctx context.Context, n, a string, _ *tls.Config) (net.Conn, error) {
-			return c.dial(ctx, n, a, true)
+		DialTLSContext: func(ctx context.Context, _, a string, _ *tls.Config) (net.Conn, error) {
+			return c.dialH2(ctx, a)
 		},
 		IdleConnTimeout:    idle,
 		DisableCompression: true,
@@ -492,16 +525,13 @@ func hostsFromAssignment(cla *endpointv3.ClusterLoadAssignment) ([]*Host, error)
 	for i, loc := range cla.GetEndpoints() {
 		for j, lbe := range loc.GetLbEndpoints() {
 			ep := lbe.GetEndpoint()
-			sa := ep.GetAddress().GetSocketAddress()
-			if sa == nil {
-				return nil, fmt.Errorf("endpoints[%d].lb_endpoints[%d]: only socket addresses are supported", i, j)
-			}
-			port, ok := sa.GetPortSpecifier().(*corev3.SocketAddress_PortValue)
-			if !ok {
-				return nil, fmt.Errorf("endpoints[%d].lb_endpoints[%d]: named ports are not supported", i, j)
+			network, addr, err := endpointAddress(ep.GetAddress())
+			if err != nil {
+				return nil, fmt.Errorf("endpoints[%d].lb_endpoints[%d]: %w", i, j, err)
 			}
 			h := &Host{
-				Address:        net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(port.PortValue))),
+				Address:        addr,
+				Network:        network,
 				Hostname:       ep.GetHostname(),
 				Weight:         max(lbe.GetLoadBalancingWeight().GetValue(), 1),
 				Priority:       loc.GetPriority(),
@@ -515,6 +545,26 @@ func hostsFromAssignment(cla *endpointv3.ClusterLoadAssignment) ([]*Host, error)
 		}
 	}
 	return hosts, nil
+}
+
+// endpointAddress is the network ("" for TCP, "unix") and address of an endpoint: a
+// socket address with a port value, or a pipe.
+func endpointAddress(a *corev3.Address) (network, addr string, err error) {
+	if p := a.GetPipe(); p != nil {
+		if p.GetPath() == "" {
+			return "", "", errors.New("pipe address with an empty path")
+		}
+		return "unix", p.GetPath(), nil
+	}
+	sa := a.GetSocketAddress()
+	if sa == nil {
+		return "", "", errors.New("only socket and pipe addresses are supported")
+	}
+	port, ok := sa.GetPortSpecifier().(*corev3.SocketAddress_PortValue)
+	if !ok {
+		return "", "", errors.New("named ports are not supported")
+	}
+	return "", net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(port.PortValue))), nil
 }
 
 var errNoHosts = errors.New("no hosts")

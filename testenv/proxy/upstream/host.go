@@ -18,8 +18,12 @@ import (
 // the endpoint again; the state that must survive that (requests in flight, outlier
 // detection) lives in a hostState shared by every Host value of the same address.
 type Host struct {
-	// Address is "ip:port" (or "name:port" for DNS clusters resolved at connect time).
-	Address  string
+	// Address is "ip:port" (or "name:port" for DNS clusters resolved at connect time), or
+	// the socket path of a pipe address (Network "unix"; a leading '@' is Linux's abstract
+	// namespace, as in Envoy).
+	Address string
+	// Network is "" for TCP, "unix" for a pipe address.
+	Network  string
 	Hostname string
 	Weight   uint32
 	Priority uint32
@@ -46,6 +50,14 @@ func (h *Host) state() *hostState {
 		h.st = &hostState{}
 	}
 	return h.st
+}
+
+// DialNetwork is the network to dial the host's address on ("tcp" or "unix").
+func (h *Host) DialNetwork() string {
+	if h.Network == "" {
+		return "tcp"
+	}
+	return h.Network
 }
 
 // ActiveRequests is the number of requests in flight to the host (least request LB,

@@ -136,8 +136,15 @@ func (m *Manager) build(cfg *clusterv3.Cluster, version string) (*Cluster, error
 		return nil, err
 	}
 	if la := cfg.GetLoadAssignment(); la != nil && cfg.GetType() != clusterv3.Cluster_EDS {
-		if _, err := hostsFromAssignment(la); err != nil {
+		hosts, err := hostsFromAssignment(la)
+		if err != nil {
 			return nil, fmt.Errorf("cluster %s: load_assignment: %w", cfg.GetName(), err)
+		}
+		dns := cfg.GetType() == clusterv3.Cluster_STRICT_DNS || cfg.GetType() == clusterv3.Cluster_LOGICAL_DNS
+		for _, h := range hosts {
+			if dns && h.Network == "unix" {
+				return nil, fmt.Errorf("cluster %s: load_assignment: pipe address %s in a %s cluster: only socket addresses resolve", cfg.GetName(), h.Address, cfg.GetType())
+			}
 		}
 	}
 	return c, nil
@@ -343,7 +350,7 @@ func (m *Manager) RemoveEndpoints(serviceName string) {
 func cloneHosts(hs []*Host) []*Host {
 	out := make([]*Host, len(hs))
 	for i, h := range hs {
-		out[i] = &Host{Address: h.Address, Hostname: h.Hostname, Weight: h.Weight, Priority: h.Priority,
+		out[i] = &Host{Address: h.Address, Network: h.Network, Hostname: h.Hostname, Weight: h.Weight, Priority: h.Priority,
 			Locality: h.Locality, LocalityWeight: h.LocalityWeight, Metadata: h.Metadata, Health: h.Health}
 	}
 	return out
