@@ -42,7 +42,7 @@ var kinds = map[Kind]kindInfo{
 	WasmPlugin:            {"extensions.istio.io", []string{"v1alpha1"}, func() proto.Message { return &extensions.WasmPlugin{} }, validateWasmPluginSpec},
 	Telemetry:             {"telemetry.istio.io", []string{"v1", "v1alpha1"}, func() proto.Message { return &telemetry.Telemetry{} }, validateTelemetrySpec},
 	AuthorizationPolicy:   {"security.istio.io", []string{"v1", "v1beta1"}, func() proto.Message { return &security.AuthorizationPolicy{} }, validateAuthorizationPolicy},
-	PeerAuthentication:    {"security.istio.io", []string{"v1", "v1beta1"}, func() proto.Message { return &security.PeerAuthentication{} }, nil},
+	PeerAuthentication:    {"security.istio.io", []string{"v1", "v1beta1"}, func() proto.Message { return &security.PeerAuthentication{} }, validatePeerAuthentication},
 	RequestAuthentication: {"security.istio.io", []string{"v1", "v1beta1"}, func() proto.Message { return &security.RequestAuthentication{} }, nil},
 }
 

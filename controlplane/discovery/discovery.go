@@ -51,6 +51,9 @@ type Options struct {
 	// Server tunes how pushes are sent.
 	Debounce push.DebounceOptions
 	Server   server.Options
+	// MTLS generates mutual TLS between workloads (push.Options.MTLS; --mtls). Off by
+	// default until the stand-in proxy speaks TLS.
+	MTLS bool
 	// WorkloadGracePeriod keeps a disconnected auto-registered proxy registered
 	// (PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
 	WorkloadGracePeriod time.Duration
@@ -186,6 +189,7 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 	}
 	d.Pusher = pusher.New(log, d.Metrics, opts.Debounce, pusher.Deps{
 		Registry: d.State.Registry, Configs: store, Mesh: d.Mesh.Mesh, OnSnapshot: d.onSnapshot,
+		Options: push.Options{MTLS: opts.MTLS},
 	})
 	d.Server = server.New(log, d.Metrics, opts.Server, server.Deps{Generator: server.Pushes(d.Pusher), AutoRegistration: d.AutoReg})
 	d.Mesh.AddHandler(func() { d.Pusher.ConfigUpdate(push.NewFull(push.ReasonMesh)) })

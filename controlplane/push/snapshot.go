@@ -21,7 +21,10 @@ type Snapshot struct {
 	// FullVersion is the version of the last full build this snapshot descends from.
 	FullVersion string
 	Mesh        *meshconfig.MeshConfig
-	Configs     *config.Index
+	// Options are the generators' switches, set by whoever builds the snapshot (the pusher,
+	// from discovery's flags) and kept by every snapshot derived from it.
+	Options Options
+	Configs *config.Index
 	// Services are sorted by host.
 	Services []*model.Service
 
@@ -29,6 +32,14 @@ type Snapshot struct {
 	byNS      map[string][]*model.Service // services by namespace, sorted by host
 	selecting map[string][]*model.Service // services with a workload selector, by namespace
 	endpoints *epLayer
+}
+
+// Options switch generated behaviour that is not mesh config.
+type Options struct {
+	// MTLS generates mutual TLS from PeerAuthentication, DestinationRule TLS and auto mTLS
+	// (issue 27). Off, the generated config has no workload TLS beyond what a
+	// DestinationRule's tls sets explicitly.
+	MTLS bool
 }
 
 // Build reads the registry and configs into a new snapshot.
@@ -67,7 +78,7 @@ func (s *Snapshot) Derivable(hosts map[string]struct{}) bool { return len(hosts)
 func (s *Snapshot) WithServices(version string, configs *config.Index, reg registry.Registry, hosts map[string]struct{}) *Snapshot {
 	current := reg.Services()
 	n := &Snapshot{
-		Version: version, FullVersion: version, Mesh: s.Mesh, Configs: configs, Services: slices.Clone(s.Services),
+		Version: version, FullVersion: version, Mesh: s.Mesh, Options: s.Options, Configs: configs, Services: slices.Clone(s.Services),
 		byHost: maps.Clone(s.byHost), byNS: maps.Clone(s.byNS), selecting: maps.Clone(s.selecting),
 		endpoints: s.endpoints.with(reg, hosts),
 	}

@@ -33,6 +33,8 @@ type Deps struct {
 	Registry registry.Registry
 	Configs  ConfigStore
 	Mesh     func() *meshconfig.MeshConfig
+	// Options are given to every snapshot built.
+	Options push.Options
 	// OnSnapshot, when set, sees every snapshot before it is used (discovery attaches the
 	// reporting of configuration that could not be applied).
 	OnSnapshot func(*xds.Snapshot)
@@ -160,7 +162,9 @@ func (p *Pusher) build(r *push.Request) *xds.Snapshot {
 			// The changed hosts say what changed: the rest of the snapshot is shared.
 			snap = cur.WithServices(version, ix, p.deps.Registry, r.EDSHosts)
 		} else {
-			snap = xds.NewSnapshot(push.Build(version, p.deps.Mesh(), ix, p.deps.Registry))
+			b := push.Build(version, p.deps.Mesh(), ix, p.deps.Registry)
+			b.Options = p.deps.Options
+			snap = xds.NewSnapshot(b)
 		}
 	} else {
 		snap = cur.WithEndpoints(version, p.deps.Registry, r.EDSHosts)

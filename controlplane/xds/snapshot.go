@@ -62,7 +62,9 @@ func NewSnapshot(s *push.Snapshot) *Snapshot {
 // push.Snapshot.WithServices), or builds anew when the change is large.
 func (s *Snapshot) WithServices(version string, configs *config.Index, reg registry.Registry, hosts map[string]struct{}) *Snapshot {
 	if !s.Snapshot.Derivable(hosts) {
-		return NewSnapshot(push.Build(version, s.Mesh, configs, reg))
+		b := push.Build(version, s.Mesh, configs, reg)
+		b.Options = s.Options
+		return NewSnapshot(b)
 	}
 	return &Snapshot{Snapshot: s.Snapshot.WithServices(version, configs, reg, hosts),
 		full: newFullCache(s.full.hostResources.Without(hosts), s.full.vhosts.Without(hosts)),
