@@ -85,16 +85,9 @@ func (c *Client) connection() (securityapi.IstioCertificateServiceClient, error)
 	if c.conn != nil && cert == c.dialedAs {
 		return c.api, nil
 	}
-	tlsc := c.cfg.tlsConfig()
-	tlsc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		if cert == nil {
-			return &tls.Certificate{}, nil
-		}
-		return cert, nil
-	}
-	conn, err := grpc.NewClient(c.cfg.Address,
-		grpc.WithTransportCredentials(credentials.NewTLS(tlsc)),
-		grpc.WithPerRPCCredentials(tokenFile(c.cfg.TokenFile)))
+	dialed := c.cfg
+	dialed.ClientCertificate = func() *tls.Certificate { return cert }
+	conn, err := grpc.NewClient(c.cfg.Address, dialed.DialOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("CA %s: %w", c.cfg.Address, err)
 	}
@@ -140,6 +133,28 @@ func (c *Client) Sign(ctx context.Context, csrPEM []byte, ttl time.Duration) ([]
 	return resp.GetCertChain(), nil
 }
 
+// DialOptions are the gRPC options to reach discovery's TLS port (15012) as this
+// workload: TLS verifying the server against the mesh root and ServerName, the
+// certificate ClientCertificate returns at each handshake as client certificate, and
+// the token, when TokenFile is set, as `authorization: Bearer` on every call. The CA
+// client and the agent's XDS proxy both dial with them.
+func (cfg Config) DialOptions() []grpc.DialOption {
+	tlsc := cfg.tlsConfig()
+	tlsc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if cfg.ClientCertificate != nil {
+			if cert := cfg.ClientCertificate(); cert != nil {
+				return cert, nil
+			}
+		}
+		return &tls.Certificate{}, nil
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsc))}
+	if cfg.TokenFile != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(tokenFile(cfg.TokenFile)))
+	}
+	return opts
+}
+
 // tlsConfig verifies the CA against the root file read at each handshake: Go verifies
 // a fixed pool only, and the mesh root rotates.
 func (cfg Config) tlsConfig() *tls.Config {
@@ -152,7 +167,7 @@ func (cfg Config) tlsConfig() *tls.Config {
 				return err
 			}
 			if len(cs.PeerCertificates) == 0 {
-				return errors.New("the CA sent no certificate")
+				return errors.New("discovery sent no certificate")
 			}
 			inter := x509.NewCertPool()
 			for _, c := range cs.PeerCertificates[1:] {
@@ -162,7 +177,7 @@ func (cfg Config) tlsConfig() *tls.Config {
 				Roots: roots, Intermediates: inter, DNSName: cfg.ServerName,
 			})
 			if err != nil {
-				return fmt.Errorf("the CA's certificate is not trusted by %s for %q: %w", cfg.RootFile, cfg.ServerName, err)
+				return fmt.Errorf("discovery's certificate is not trusted by %s for %q: %w", cfg.RootFile, cfg.ServerName, err)
 			}
 			return nil
 		},
@@ -188,11 +203,11 @@ type tokenFile string
 func (f tokenFile) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
 	b, err := os.ReadFile(string(f))
 	if err != nil {
-		return nil, fmt.Errorf("CA credential: %w", err)
+		return nil, fmt.Errorf("credential for discovery: %w", err)
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" {
-		return nil, fmt.Errorf("CA credential %s is empty", string(f))
+		return nil, fmt.Errorf("credential for discovery %s is empty", string(f))
 	}
 	return map[string]string{"authorization": "Bearer " + tok}, nil
 }

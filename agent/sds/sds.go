@@ -17,8 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -32,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/wasmesh/wasmesh/agent/internal/uds"
 	"github.com/wasmesh/wasmesh/agent/workloadcert"
 )
 
@@ -41,9 +40,6 @@ const (
 	WorkloadSecret    = "default"
 	RootSecret        = "ROOTCA"
 )
-
-// maxSocketPath is the longest Unix socket path Linux takes (sun_path less its NUL).
-const maxSocketPath = 107
 
 // Server is the agent's SDS server.
 type Server struct {
@@ -109,24 +105,7 @@ func inline(b []byte) *corev3.DataSource {
 // Listen makes the socket: its directory is created, a stale socket from an earlier run
 // removed, and the socket made readable by its owner only (it hands out the private key).
 func Listen(path string) (net.Listener, error) {
-	if len(path) > maxSocketPath {
-		return nil, fmt.Errorf("SDS socket path %q is %d bytes, longer than a Unix socket path can be (%d)", path, len(path), maxSocketPath)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("SDS socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("removing the old SDS socket: %w", err)
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("SDS socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("SDS socket: %w", err)
-	}
-	return l, nil
+	return uds.Listen("SDS socket", path)
 }
 
 // Serve answers SDS on l until ctx ends.

@@ -76,7 +76,7 @@ func Start(t testing.TB, lifetime time.Duration) *CA {
 	require.NoError(t, err)
 	ca.Addr = l.Addr().String()
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
-		Certificates: []tls.Certificate{ca.servingCert(t)},
+		Certificates: []tls.Certificate{ca.ServingCert(t)},
 		ClientAuth:   tls.RequestClientCert,
 	})))
 	securityapi.RegisterIstioCertificateServiceServer(srv, &service{ca: ca})
@@ -179,7 +179,9 @@ func (ca *CA) sign(req *x509.CertificateRequest, id *url.URL, lifetime time.Dura
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 }
 
-func (ca *CA) servingCert(t testing.TB) tls.Certificate {
+// ServingCert is a certificate for ServerName and 127.0.0.1 signed by the CA's root, as
+// discovery's TLS port presents.
+func (ca *CA) ServingCert(t testing.TB) tls.Certificate {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	tmpl := &x509.Certificate{
