@@ -28,6 +28,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/drain"
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
+	"github.com/wasmesh/wasmesh/testenv/proxy/rbac"
 	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
 )
 
@@ -199,6 +200,7 @@ func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.
 		return nil, fmt.Errorf("transport socket %s is not supported", fc.GetTransportSocket().GetName())
 	}
 	c := &filterChain{proto: fc}
+	var gates []*rbac.NetworkFilter
 	for i, f := range fc.GetFilters() {
 		tc := f.GetTypedConfig()
 		if tc == nil {
@@ -226,6 +228,12 @@ func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.
 				return nil, fmt.Errorf("filters[%d] (%s): %w", i, f.GetName(), err)
 			}
 			c.filter = t
+		case rbac.NetworkTypeURL:
+			g, err := rbac.NewNetworkFilter(d.Store, tc)
+			if err != nil {
+				return nil, fmt.Errorf("filters[%d] (%s): %w", i, f.GetName(), err)
+			}
+			gates = append(gates, g)
 		default:
 			return nil, fmt.Errorf("filters[%d]: didn't find a registered implementation for '%s' with type URL: '%s'",
 				i, f.GetName(), strings.TrimPrefix(tc.GetTypeUrl(), "type.googleapis.com/"))
@@ -234,6 +242,7 @@ func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.
 	if c.filter == nil {
 		return nil, errors.New("no network filter")
 	}
+	c.filter = rbac.Gate(c.filter, gates) // RBAC network filters decide before the terminal filter
 	return c, nil
 }
 

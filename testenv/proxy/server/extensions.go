@@ -3,6 +3,7 @@ package server
 import (
 	"github.com/wasmesh/wasmesh/testenv/proxy/cors"
 	"github.com/wasmesh/wasmesh/testenv/proxy/fault"
+	"github.com/wasmesh/wasmesh/testenv/proxy/rbac"
 	"github.com/wasmesh/wasmesh/testenv/proxy/wasmfilter"
 	"github.com/wasmesh/wasmesh/wasm/host"
 )
@@ -26,9 +27,10 @@ func wasmExtension(s *Server) error {
 }
 
 // httpFiltersExtension registers the HTTP filters written in Go: envoy.filters.http.fault
-// and envoy.filters.http.cors.
+// envoy.filters.http.cors and envoy.filters.http.rbac.
 func httpFiltersExtension(s *Server) error {
 	s.registry.Register(fault.TypeURL, fault.Factory)
 	s.registry.Register(cors.TypeURL, cors.Factory)
+	s.registry.Register(rbac.HTTPTypeURL, rbac.HTTPFactory)
 	return nil
 }
