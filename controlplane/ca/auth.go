@@ -19,36 +19,92 @@ import (
 // errNoIdentity marks a caller that authenticated but whose identity is not a workload's.
 var errNoIdentity = errors.New("no workload identity")
 
-// authenticate finds who calls: the holder of a valid workload certificate of this mesh (a
-// renewal), else the bearer of a Kubernetes service-account token or a local-mesh
-// credential. A caller none of them accepts is refused Unauthenticated, and counted.
+// Caller is an authenticated client of the secure port.
+type Caller struct {
+	Identity
+	// IPs are the addresses the caller's local-mesh credential names: the only ones its
+	// proxy may claim. Nil when none is known (a certificate or a Kubernetes token, which
+	// name no address, or a credential without ips).
+	IPs []string
+	// By says what authenticated it: "certificate", "credential" or "token".
+	By string
+}
+
+// Authenticate finds who calls with the CA's rules, for the secure port's other services
+// (xDS): the holder of a valid workload certificate of this mesh, else the bearer of a
+// Kubernetes service-account token or a local-mesh credential. A caller none of them accepts
+// gets codes.Unauthenticated naming the reasons. It counts and logs nothing: that is the
+// calling service's.
+func (s *Server) Authenticate(ctx context.Context) (Caller, error) {
+	a := s.opts.CA()
+	if a == nil {
+		return Caller{}, status.Error(codes.Unavailable, "the CA is not loaded yet")
+	}
+	c, errs := s.identify(ctx, a, s.opts.TrustDomain())
+	if errs != nil {
+		return Caller{}, unauthenticated(errs)
+	}
+	return c, nil
+}
+
+// authenticate is Authenticate for the certificate service, which counts and logs refusals.
 func (s *Server) authenticate(ctx context.Context, a *Authority, trustDomain string) (Identity, error) {
-	var errs []error
-	if leaf, chain := peerCertificate(ctx); leaf != nil {
-		id, err := s.fromCertificate(a, leaf, chain, trustDomain)
-		if err == nil {
-			return id, nil
-		}
-		errs = append(errs, fmt.Errorf("client certificate: %w", err))
-	}
-	token, err := bearer(ctx)
-	if err == nil {
-		var id Identity
-		if id, err = s.fromToken(ctx, token); err == nil {
-			return id, nil
-		}
-	}
-	errs = append(errs, err)
-	reasons := make([]string, len(errs))
-	for i, e := range errs {
-		reasons[i] = e.Error()
+	c, errs := s.identify(ctx, a, trustDomain)
+	if errs == nil {
+		return c.Identity, nil
 	}
 	if errors.Is(errors.Join(errs...), errNoIdentity) {
 		s.metrics.idExtraction.Inc()
 	}
 	s.metrics.authnFailure.Inc()
-	s.log.Warn("CSR caller not authenticated", "reasons", strings.Join(reasons, "; "))
-	return Identity{}, status.Error(codes.Unauthenticated, "authenticating the caller: "+strings.Join(reasons, "; "))
+	err := unauthenticated(errs)
+	s.log.Warn("CSR caller not authenticated", "reasons", status.Convert(err).Message())
+	return Identity{}, err
+}
+
+func unauthenticated(errs []error) error {
+	reasons := make([]string, len(errs))
+	for i, e := range errs {
+		reasons[i] = e.Error()
+	}
+	return status.Error(codes.Unauthenticated, "authenticating the caller: "+strings.Join(reasons, "; "))
+}
+
+// identify tries the client certificate, then the bearer token; it returns the reasons when
+// neither authenticates. A valid certificate wins without asking the API server; a valid
+// local-mesh credential sent with it adds the addresses it names, and must name the same
+// identity.
+func (s *Server) identify(ctx context.Context, a *Authority, trustDomain string) (Caller, []error) {
+	var errs []error
+	token, tokenErr := bearer(ctx)
+	if leaf, chain := peerCertificate(ctx); leaf != nil {
+		id, err := s.fromCertificate(a, leaf, chain, trustDomain)
+		if err == nil {
+			c := Caller{Identity: id, By: "certificate"}
+			if tokenErr != nil || !strings.HasPrefix(token, CredentialPrefix) || s.opts.LocalKey == nil {
+				return c, nil
+			}
+			cred, err := VerifyCredential(s.opts.LocalKey, token, s.now())
+			switch {
+			case err != nil: // an expired credential: the certificate is enough
+				return c, nil
+			case cred.Namespace != id.Namespace || cred.ServiceAccount != id.ServiceAccount:
+				return Caller{}, []error{fmt.Errorf("the client certificate is %s/%s's but the bearer credential %s/%s's",
+					id.Namespace, id.ServiceAccount, cred.Namespace, cred.ServiceAccount)}
+			}
+			c.IPs = cred.IPs
+			return c, nil
+		}
+		errs = append(errs, fmt.Errorf("client certificate: %w", err))
+	}
+	if tokenErr != nil {
+		return Caller{}, append(errs, tokenErr)
+	}
+	c, err := s.fromToken(ctx, token)
+	if err != nil {
+		return Caller{}, append(errs, err)
+	}
+	return c, nil
 }
 
 // peerCertificate is the client certificate of the TLS connection (nil without one) and the
@@ -108,21 +164,22 @@ func bearer(ctx context.Context) (string, error) {
 
 // fromToken checks a local-mesh credential with the local key, anything else with the
 // TokenReview API.
-func (s *Server) fromToken(ctx context.Context, token string) (Identity, error) {
+func (s *Server) fromToken(ctx context.Context, token string) (Caller, error) {
 	if strings.HasPrefix(token, CredentialPrefix) {
 		if s.opts.LocalKey == nil {
-			return Identity{}, errors.New("a local-mesh credential, but discovery has no localCredentialKey")
+			return Caller{}, errors.New("a local-mesh credential, but discovery has no localCredentialKey")
 		}
 		c, err := VerifyCredential(s.opts.LocalKey, token, s.now())
 		if err != nil {
-			return Identity{}, err
+			return Caller{}, err
 		}
-		return Identity{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount}, nil
+		return Caller{Identity: Identity{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount}, IPs: c.IPs, By: "credential"}, nil
 	}
 	if s.opts.Kube == nil {
-		return Identity{}, errors.New("a bearer token, but discovery checks only local-mesh credentials (no Kubernetes API server)")
+		return Caller{}, errors.New("a bearer token, but discovery checks only local-mesh credentials (no Kubernetes API server)")
 	}
-	return s.tokenReview(ctx, token)
+	id, err := s.tokenReview(ctx, token)
+	return Caller{Identity: id, By: "token"}, err
 }
 
 // tokenReview asks the API server whose token it is, for audience istio-ca.

@@ -8,7 +8,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -22,7 +24,8 @@ import (
 //	wasmesh1.<base64url(payload)>.<base64url(signature)>
 //
 // payload: JSON {"ns": <namespace>, "sa": <service account>, "aud": "istio-ca", "exp": <unix
-// seconds>}; signature: Ed25519 over the ASCII bytes "wasmesh1.<base64url(payload)>".
+// seconds>, "ips": [<the pod's IP addresses>]} ("ips" optional: without it the bearer may not
+// claim INSTANCE_IPS on xDS); signature: Ed25519 over the ASCII bytes "wasmesh1.<base64url(payload)>".
 // base64url is RFC 4648's URL alphabet without padding. Sent as gRPC metadata
 // `authorization: Bearer <credential>`, as a Kubernetes token is.
 const (
@@ -36,17 +39,26 @@ type Credential struct {
 	ServiceAccount string `json:"sa"`
 	Audience       string `json:"aud"`
 	Expiry         int64  `json:"exp"`
+	// IPs are the pod's addresses: the only ones its proxy may claim (node metadata
+	// INSTANCE_IPS) on xDS.
+	IPs []string `json:"ips,omitempty"`
 }
 
 var b64 = base64.RawURLEncoding
 
-// MintCredential makes the credential of a pod running as namespace/serviceAccount, valid
-// until expiry.
-func MintCredential(key ed25519.PrivateKey, namespace, serviceAccount string, expiry time.Time) (string, error) {
+// MintCredential makes the credential of a pod running as namespace/serviceAccount with the
+// addresses ips (none: its proxy may claim no INSTANCE_IPS), valid until expiry.
+func MintCredential(key ed25519.PrivateKey, namespace, serviceAccount string, expiry time.Time, ips ...string) (string, error) {
 	if namespace == "" || serviceAccount == "" {
 		return "", errors.New("a credential names a namespace and a service account")
 	}
-	payload, err := json.Marshal(Credential{Namespace: namespace, ServiceAccount: serviceAccount, Audience: CredentialAudience, Expiry: expiry.Unix()})
+	for _, ip := range ips {
+		if _, err := netip.ParseAddr(ip); err != nil {
+			return "", fmt.Errorf("credential of %s/%s: %q is not an IP address", namespace, serviceAccount, ip)
+		}
+	}
+	payload, err := json.Marshal(Credential{Namespace: namespace, ServiceAccount: serviceAccount, Audience: CredentialAudience,
+		Expiry: expiry.Unix(), IPs: ips})
 	if err != nil {
 		return "", err
 	}
@@ -81,6 +93,8 @@ func VerifyCredential(pub ed25519.PublicKey, cred string, now time.Time) (Creden
 		return c, fmt.Errorf("credential for audience %q, not %q", c.Audience, CredentialAudience)
 	case c.Namespace == "" || c.ServiceAccount == "":
 		return c, errors.New("credential names no namespace or service account")
+	case slices.ContainsFunc(c.IPs, func(ip string) bool { _, err := netip.ParseAddr(ip); return err != nil }):
+		return c, fmt.Errorf("credential of %s/%s: ips %v: not all IP addresses", c.Namespace, c.ServiceAccount, c.IPs)
 	case now.Unix() >= c.Expiry:
 		return c, fmt.Errorf("credential of %s/%s expired at %s", c.Namespace, c.ServiceAccount, time.Unix(c.Expiry, 0).UTC().Format(time.RFC3339))
 	}

@@ -331,7 +331,7 @@ func podCommand(t *testing.T, dir, kubeconfig string) (args, env []string, httpA
 	}
 	httpAddr = freeAddr(t)
 	local := map[string]string{
-		"--grpcAddr": freeAddr(t), "--httpAddr": httpAddr, "--meshConfig": mesh, "--wasmCacheDir": filepath.Join(dir, "wasm"),
+		"--httpAddr": httpAddr, "--meshConfig": mesh, "--wasmCacheDir": filepath.Join(dir, "wasm"),
 		"--injectConfigDir": injectDir,
 	}
 	for _, a := range c.Args {
@@ -341,7 +341,7 @@ func podCommand(t *testing.T, dir, kubeconfig string) (args, env []string, httpA
 		}
 		args = append(args, a)
 	}
-	secureAddr = freeAddr(t) // the Deployment's 15012 is the default, on --grpcAddr's host
+	secureAddr = freeAddr(t) // the Deployment's 15012 is the default
 	args = append(args, "--kubeconfig="+kubeconfig, "--secureGRPCAddr="+secureAddr)
 	fields := map[string]string{"metadata.name": "istiod-0", "metadata.namespace": namespace}
 	for _, e := range c.Env {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -91,7 +92,7 @@ func TestManifestsAreWhatTheIssueAsksFor(t *testing.T) {
 	cm := object[*corev1.ConfigMap](t, objs, "ConfigMap/istio")
 	m, err := mesh.Parse("ConfigMap istio, key mesh", []byte(cm.Data["mesh"]))
 	require.NoError(t, err)
-	assert.Equal(t, "istiod.istio-system.svc:15010", m.GetDefaultConfig().GetDiscoveryAddress())
+	assert.Equal(t, "istiod.istio-system.svc:15012", m.GetDefaultConfig().GetDiscoveryAddress())
 
 	d := object[*appsv1.Deployment](t, objs, "Deployment/istiod")
 	pod := d.Spec.Template.Spec
@@ -118,9 +119,10 @@ func TestManifestsAreWhatTheIssueAsksFor(t *testing.T) {
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	assert.Equal(t, map[string]int32{"grpc-xds": 15010, "tls-xds": 15012, "http-monitoring": 15014, "https-webhook": 15017}, ports)
+	assert.Equal(t, map[string]int32{"tls-xds": 15012, "http-monitoring": 15014, "https-webhook": 15017}, ports)
 	assert.Equal(t, int32(15014), ports[c.ReadinessProbe.HTTPGet.Port.String()])
-	assert.Contains(t, c.Args, "--grpcAddr=:15010")
+	// No plaintext xDS: discovery refuses it on anything but loopback.
+	assert.False(t, slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--grpcAddr") }), c.Args)
 	assert.Contains(t, c.Args, "--httpAddr=:15014")
 
 	checkServiceAndBudget(t, objs, d, ports)
@@ -168,7 +170,6 @@ func checkServiceAndBudget(t *testing.T, objs map[string]runtime.Object, d *apps
 		got[p.Name] = itoa(p.Port) + " -> " + target
 	}
 	assert.Equal(t, map[string]string{
-		"grpc-xds":        "15010 -> pod grpc-xds 15010",
 		"https-dns":       "15012 -> pod tls-xds 15012",
 		"http-monitoring": "15014 -> pod http-monitoring 15014",
 		"https-webhook":   "443 -> pod https-webhook 15017",

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -97,15 +98,36 @@ func (d *Discovery) caServer(kc kubernetes.Interface) error {
 	}
 	d.secureCerts = certs
 	// A client certificate is asked for, not required: a workload renewing shows its own,
-	// one getting its first certificate shows a token; the service checks either.
-	d.secureGRPC = grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(&tls.Config{
+	// one getting its first certificate shows a token; the services check either. ADS is
+	// served here too, as istiod does, every stream authenticated with the CA's rules.
+	d.secureGRPC = grpc.NewServer(server.GRPCOptions(append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(&tls.Config{
 		GetCertificate: certs.GetCertificate, ClientAuth: tls.RequestClientCert, MinVersion: tls.VersionTLS12,
-	}))}, d.opts.GRPCOptions...)...)
+	}))}, d.opts.GRPCOptions...)...)...)
 	srv.Register(d.secureGRPC)
+	var podIPs func(ip, ns, sa string) bool
+	if d.Kube != nil {
+		podIPs = d.podHolds
+	}
+	auth, err := newXDSAuth(srv, opts.TrustDomain, podIPs, d.Reg, d.log)
+	if err != nil {
+		return err
+	}
+	d.Server.RegisterSecure(d.secureGRPC, auth)
 	if d.secureLis, err = net.Listen("tcp", o.SecureGRPCAddr); err != nil {
 		return fmt.Errorf("secureGRPCAddr: %w", err)
 	}
 	return nil
+}
+
+// podHolds reports whether ip is the address of a workload of the registry (Kubernetes pods,
+// and proxies already authorized) of namespace ns running as service account sa.
+func (d *Discovery) podHolds(ip, ns, sa string) bool {
+	for _, w := range d.State.Entries.Workloads() {
+		if w.Namespace == ns && w.ServiceAccount == sa && slices.Contains(w.IPs, ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // namespace is discovery's (default istio-system): where the CA Secret is, and the

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,8 +46,10 @@ import (
 type Options struct {
 	ConfigDir      string // Istio YAML; empty: no configs
 	MeshConfigFile string // MeshConfig YAML; empty: defaults
-	GRPCAddr       string // xDS, e.g. ":15010"
-	HTTPAddr       string // debug and metrics, e.g. ":15014"; empty: none
+	// GRPCAddr serves xDS in plaintext, unauthenticated: only on a loopback address (e.g.
+	// "127.0.0.1:15010"); empty: none. Proxies elsewhere use the secure port (CA.SecureGRPCAddr).
+	GRPCAddr string
+	HTTPAddr string // debug and metrics, e.g. ":15014"; empty: none
 	// Debounce merges changes before a push (PILOT_DEBOUNCE_*; unset: istiod's defaults);
 	// Server tunes how pushes are sent.
 	Debounce push.DebounceOptions
@@ -194,12 +197,19 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 	d.Server = server.New(log, d.Metrics, opts.Server, server.Deps{Generator: server.Pushes(d.Pusher), AutoRegistration: d.AutoReg})
 	d.Mesh.AddHandler(func() { d.Pusher.ConfigUpdate(push.NewFull(push.ReasonMesh)) })
 
-	if d.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
-		return nil, fmt.Errorf("grpcAddr: %w", err)
+	if opts.GRPCAddr != "" {
+		if err := checkLoopback(opts.GRPCAddr); err != nil {
+			return nil, err
+		}
+		if d.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
+			return nil, fmt.Errorf("grpcAddr: %w", err)
+		}
 	}
 	if opts.HTTPAddr != "" {
 		if d.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
-			d.grpcLis.Close()
+			if d.grpcLis != nil {
+				d.grpcLis.Close()
+			}
 			return nil, fmt.Errorf("httpAddr: %w", err)
 		}
 	}
@@ -212,6 +222,20 @@ func New(opts Options, log *slog.Logger) (*Discovery, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// checkLoopback refuses a plaintext xDS address that is not an explicit loopback one: anyone
+// who reaches it could claim any proxy's identity (Istio's 15010 has the same hole).
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("grpcAddr %q: %w", addr, err)
+	}
+	if ip, err := netip.ParseAddr(host); (err == nil && ip.IsLoopback()) || host == "localhost" {
+		return nil
+	}
+	return fmt.Errorf("grpcAddr %q: plaintext xDS is unauthenticated and served only on an explicit loopback address "+
+		"(127.0.0.1:15010, [::1]:15010, localhost:15010); proxies on other hosts connect over TLS to secureGRPCAddr", addr)
 }
 
 // checkConfigDir returns the absolute path of the config directory, or why it is not one:
@@ -282,8 +306,13 @@ func (d *Discovery) objects() []kube.ObjectStatus {
 	return d.Kube.Status()
 }
 
-// GRPCAddr is the bound xDS address.
-func (d *Discovery) GRPCAddr() string { return d.grpcLis.Addr().String() }
+// GRPCAddr is the bound plaintext xDS address ("" without one).
+func (d *Discovery) GRPCAddr() string {
+	if d.grpcLis == nil {
+		return ""
+	}
+	return d.grpcLis.Addr().String()
+}
 
 // HTTPAddr is the bound debug address ("" without one).
 func (d *Discovery) HTTPAddr() string {
@@ -330,7 +359,9 @@ func (d *Discovery) Run(ctx context.Context) error {
 	if grace <= 0 {
 		grace = 5 * time.Second
 	}
-	goRun("grpc", func() error { return server.Serve(ctx, d.Server.GRPCServer(d.opts.GRPCOptions...), d.grpcLis, grace) })
+	if d.grpcLis != nil {
+		goRun("grpc", func() error { return server.Serve(ctx, d.Server.GRPCServer(d.opts.GRPCOptions...), d.grpcLis, grace) })
+	}
 	d.runCA(ctx, goRun, grace)
 	d.runSingletons(ctx, goRun, grace)
 	if d.httpLis != nil {

@@ -23,6 +23,8 @@ type Connection struct {
 	ID          string
 	Proxy       *model.Proxy
 	ConnectedAt time.Time
+	// Caller is who opened the stream on the secure port ("" on the plaintext port).
+	Caller string
 
 	srv *Server
 	// gen is the proxy as the generator knows it: what it watches, what it gets.
@@ -219,7 +221,7 @@ func (c *Connection) recordAck(typ string, w *watch, nonce, version string, errD
 }
 
 // newConnection admits and identifies a new stream.
-func (s *Server) newConnection(ctx context.Context, node *core.Node, delta bool) (*Connection, error) {
+func (s *Server) newConnection(ctx context.Context, node *core.Node, caller Caller, delta bool) (*Connection, error) {
 	if wait := s.admitter.reserve(); wait > 0 {
 		if s.opts.ConnectWait > 0 && wait > s.opts.ConnectWait {
 			s.admitter.cancel()
@@ -238,11 +240,15 @@ func (s *Server) newConnection(ctx context.Context, node *core.Node, delta bool)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	// Before anything is registered or generated for it (Istio authorizes in initConnection).
+	if err := authorize(caller, p); err != nil {
+		return nil, err
+	}
 	if !s.Ready() {
 		return nil, status.Error(codes.Unavailable, "server is not ready")
 	}
 	c := &Connection{
-		ID: fmt.Sprintf("%s-%d", p.ID, s.connSeq.Add(1)), Proxy: p, ConnectedAt: time.Now(), srv: s, delta: delta,
+		ID: fmt.Sprintf("%s-%d", p.ID, s.connSeq.Add(1)), Proxy: p, ConnectedAt: time.Now(), srv: s, delta: delta, Caller: callerName(caller),
 		stopped: make(chan struct{}), ended: make(chan struct{}), watches: map[string]*watch{},
 	}
 	if w, ok := p.Workload(); ok {
@@ -306,7 +312,7 @@ var errNoType = status.Error(codes.InvalidArgument, "type URL is required for AD
 // stream's requests are handled by a reader goroutine (a blocking Recv cannot be selected
 // on, and the handler must stay free to end the stream) and pushes by the push workers,
 // one at a time under the connection's turn, until the stream or the server ends.
-func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req) bool,
+func serve[Req request](s *Server, st stream[Req], caller Caller, delta bool, resumed func(Req) bool,
 	onRequest func(*Connection, Req) error, onPush func(*Connection, *pusher.Event) error) error {
 	first, err := st.Recv()
 	if err != nil {
@@ -319,9 +325,9 @@ func serve[Req request](s *Server, st stream[Req], delta bool, resumed func(Req)
 		return errNoType
 	}
 	if first.GetTypeUrl() == HealthType {
-		return s.serveHealth(first.GetNode(), first, func() (healthReport, error) { return st.Recv() })
+		return s.serveHealth(first.GetNode(), caller, first, func() (healthReport, error) { return st.Recv() })
 	}
-	c, err := s.newConnection(st.Context(), first.GetNode(), delta)
+	c, err := s.newConnection(st.Context(), first.GetNode(), caller, delta)
 	if err != nil {
 		return err
 	}
@@ -386,10 +392,13 @@ type healthReport interface {
 
 // serveHealth reads an agent's health reports: no error detail means healthy. The stream
 // gets no responses and is not a proxy connection.
-func (s *Server) serveHealth(node *core.Node, first healthReport, recv func() (healthReport, error)) error {
+func (s *Server) serveHealth(node *core.Node, caller Caller, first healthReport, recv func() (healthReport, error)) error {
 	p, err := model.ParseNode(node)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := authorize(caller, p); err != nil {
+		return err
 	}
 	w, ok := p.Workload()
 	if !ok || s.deps.AutoRegistration == nil {

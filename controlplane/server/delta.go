@@ -13,7 +13,12 @@ import (
 // DeltaAggregatedResources serves incremental (delta) ADS: only changed resources and the
 // names of removed ones are sent.
 func (s *Server) DeltaAggregatedResources(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	return serve(s, stream, true, func(r *discovery.DeltaDiscoveryRequest) bool { return len(r.GetInitialResourceVersions()) > 0 },
+	return s.streamDelta(stream, nil)
+}
+
+// streamDelta serves a delta stream opened by caller (nil: unauthenticated, the plaintext port).
+func (s *Server) streamDelta(stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer, caller Caller) error {
+	return serve(s, stream, caller, true, func(r *discovery.DeltaDiscoveryRequest) bool { return len(r.GetInitialResourceVersions()) > 0 },
 		func(c *Connection, r *discovery.DeltaDiscoveryRequest) error { return c.onDeltaRequest(stream, r) },
 		func(c *Connection, ev *pusher.Event) error { return c.pushDelta(stream, ev) })
 }

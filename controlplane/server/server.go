@@ -253,7 +253,15 @@ func (s *Server) removeConnection(c *Connection) {
 
 // GRPCServer returns a gRPC server with ADS registered and keepalives like istiod's.
 func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
-	opts := append([]grpc.ServerOption{
+	g := grpc.NewServer(GRPCOptions(extra...)...)
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, s)
+	return g
+}
+
+// GRPCOptions are the options of an xDS gRPC server (keepalives like istiod's, the xDS
+// codec), then extra.
+func GRPCOptions(extra ...grpc.ServerOption) []grpc.ServerOption {
+	return append([]grpc.ServerOption{
 		grpc.MaxConcurrentStreams(100000),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second, PermitWithoutStream: true}),
@@ -270,9 +278,6 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 		grpc.ForceServerCodecV2(xds.NewCodec()),
 		grpc.ReadBufferSize(8 << 10),
 	}, extra...)
-	g := grpc.NewServer(opts...)
-	discovery.RegisterAggregatedDiscoveryServiceServer(g, s)
-	return g
 }
 
 // Serve serves g on lis until ctx ends, then stops gracefully: streams are told to finish

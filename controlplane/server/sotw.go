@@ -11,7 +11,12 @@ import (
 
 // StreamAggregatedResources serves State of the World ADS.
 func (s *Server) StreamAggregatedResources(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	return serve(s, stream, false, func(r *discovery.DiscoveryRequest) bool { return r.GetVersionInfo() != "" },
+	return s.streamSotw(stream, nil)
+}
+
+// streamSotw serves a SotW stream opened by caller (nil: unauthenticated, the plaintext port).
+func (s *Server) streamSotw(stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer, caller Caller) error {
+	return serve(s, stream, caller, false, func(r *discovery.DiscoveryRequest) bool { return r.GetVersionInfo() != "" },
 		func(c *Connection, r *discovery.DiscoveryRequest) error { return c.onSotwRequest(stream, r) },
 		func(c *Connection, ev *pusher.Event) error { return c.pushSotw(stream, ev) })
 }

@@ -3,9 +3,11 @@ package kubemesh
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -103,6 +105,10 @@ func (m *Mesh) localDeployment(data []byte) ([]byte, error) {
 	if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--webhookAddr") }) {
 		c.Args = append(c.Args, "--webhookAddr=$(WASMESH_WILDCARD):15017")
 	}
+	// The secure port on the pod IP too; and, until the agents dial xDS over TLS (the
+	// agent's XDS proxy), plaintext xDS on the pod's own loopback address, which discovery
+	// allows (the service proxy m.XDS sends the sidecars there).
+	c.Args = append(c.Args, "--secureGRPCAddr=$(WASMESH_WILDCARD):15012", "--grpcAddr=$(WASMESH_LOCALHOST):"+strconv.Itoa(plaintextXDSPort))
 	c.Args = append(c.Args, "--kubeconfig="+kubeAPIDir+"/kubeconfig")
 	if m.opts.LeaseDuration > 0 {
 		c.Args = append(c.Args, "--leaseDuration="+m.opts.LeaseDuration.String())
@@ -221,4 +227,26 @@ func (m *Mesh) localInjectorValues(data []byte) ([]byte, error) {
 		px["preStopSleepSeconds"] = int(defaultDrain.Seconds())
 		px["resources"] = map[string]any{"requests": map[string]any{"cpu": "10m", "memory": "32Mi"}}
 	})
+}
+
+// plaintextXDSPort is where discovery's replicas serve plaintext xDS on their pod's loopback
+// address.
+const plaintextXDSPort = 15010
+
+// plaintextXDS sends a replica's endpoint (<pod IP>:15012) to its plaintext xDS port on the
+// pod's loopback address: kubenode gives a pod a.b.x.y the localhost 127.<Net+10>.x.y, Net
+// being the second octet of the node's own address 127.<Net>.255.254 (kubenode.Options.Net).
+func plaintextXDS(nodeIP string) func(string) string {
+	return func(endpoint string) string {
+		host, _, err := net.SplitHostPort(endpoint)
+		node, pod := strings.Split(nodeIP, "."), strings.Split(host, ".")
+		if err != nil || len(node) != 4 || len(pod) != 4 {
+			return endpoint
+		}
+		n, err := strconv.Atoi(node[1])
+		if err != nil {
+			return endpoint
+		}
+		return net.JoinHostPort(fmt.Sprintf("127.%d.%s.%s", n+10, pod[2], pod[3]), strconv.Itoa(plaintextXDSPort))
+	}
 }

@@ -56,8 +56,9 @@ type Mesh struct {
 	kubectl string
 	Cluster *kubecluster.Cluster
 	Node    *kubenode.Node
-	// XDS is the service proxy of istiod's xDS port (grpc-xds), the sidecars' discovery
-	// address.
+	// XDS is the service proxy of istiod's xDS port, the sidecars' discovery address: the
+	// endpoints of its TLS port (https-dns, 15012), sent to the replicas' plaintext loopback
+	// port (plaintextXDS).
 	XDS *ServiceProxy
 }
 
@@ -140,7 +141,8 @@ func (m *Mesh) start(ctx context.Context) error {
 	}
 	// The service proxy first: its address is the sidecars' discovery address in the mesh
 	// config installed next.
-	m.XDS, err = StartServiceProxy(ctx, m.Cluster.Client, DiscoveryNamespace, DiscoveryService, "grpc-xds", "127.0.0.1:0")
+	m.XDS, err = StartServiceProxy(ctx, m.Cluster.Client, DiscoveryNamespace, DiscoveryService, "https-dns", "127.0.0.1:0",
+		plaintextXDS(m.Node.HostIP()))
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,8 @@ func (id *identity) rootFile() string { return filepath.Join(id.caDir, "root-cer
 // podEnv writes the pod's credential into its directory and returns the agent's variables
 // that make it ask discovery's CA for its certificate and serve it to the proxy by SDS.
 func (id *identity) podEnv(p *Pod) ([]string, error) {
-	cred, err := ca.MintCredential(id.key, p.Spec.Namespace, p.Spec.ServiceAccount, time.Now().Add(credentialLifetime))
+	// The pod IP is the one address its proxy may claim (INSTANCE_IPS) on xDS.
+	cred, err := ca.MintCredential(id.key, p.Spec.Namespace, p.Spec.ServiceAccount, time.Now().Add(credentialLifetime), p.IP)
 	if err != nil {
 		return nil, fmt.Errorf("localmesh: credential of pod %s: %w", p.Spec.Name, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -160,13 +159,6 @@ func chooseWebhook(cmd *cobra.Command, opts *discovery.Options) {
 	if opts.Kube == nil && opts.CA.Dir == "" && opts.CA.CertsDir == "" {
 		opts.CA.SecureGRPCAddr = ""
 	}
-	// Bound where xDS is: a replica given its pod's address for --grpcAddr binds 15012 there
-	// too, so replicas sharing a network namespace (the local Kubernetes mesh) do not clash.
-	if host, _, err := net.SplitHostPort(opts.GRPCAddr); err == nil && host != "" && opts.CA.SecureGRPCAddr != "" {
-		if _, port, err := net.SplitHostPort(opts.CA.SecureGRPCAddr); err == nil {
-			opts.CA.SecureGRPCAddr = net.JoinHostPort(host, port)
-		}
-	}
 }
 
 func newCommand() *cobra.Command {
@@ -179,7 +171,10 @@ func newCommand() *cobra.Command {
 		Short: "wasmesh xDS control plane: Istio config from a directory, served over ADS",
 		Long: `discovery reads Istio configuration (ServiceEntry, WorkloadEntry, and the other
 Istio kinds) from --configDir, watches it, and serves CDS, EDS, LDS, RDS and ECDS to
-proxies over ADS (State of the World and Delta) on --grpcAddr. Proxies that connect with
+proxies over ADS (State of the World and Delta) over TLS on --secureGRPCAddr, each stream
+authenticated as the CA authenticates (a workload certificate, a service-account token or a
+local-mesh credential) and its node allowed only its caller's namespace, service account and
+addresses; plaintext only on a loopback --grpcAddr when asked for. Proxies that connect with
 workload metadata are registered as endpoints of the ServiceEntries that select them.
 
 On Kubernetes (--kubeconfig, or in a pod) it also serves the Istio objects of the API
@@ -236,7 +231,8 @@ the hostname).`,
 	f.StringSliceVar(&registries, "registries", nil, "what to serve from: Kubernetes, File (--configDir), or both "+
 		"(default: Kubernetes with --kubeconfig or in a pod, File with --configDir)")
 	f.StringVar(&opts.MeshConfigFile, "meshConfig", "", "MeshConfig YAML file (Istio's defaults when empty), watched for changes")
-	f.StringVar(&opts.GRPCAddr, "grpcAddr", ":15010", "address of the xDS gRPC server")
+	f.StringVar(&opts.GRPCAddr, "grpcAddr", "", "address of the plaintext, unauthenticated xDS gRPC server: only an explicit loopback address "+
+		"(e.g. 127.0.0.1:15010); empty: none (proxies use --secureGRPCAddr)")
 	f.StringVar(&opts.HTTPAddr, "httpAddr", ":15014", "address of the debug and metrics HTTP server")
 	f.StringVar(&logLevel, "log_output_level", "default:info", "per-scope levels, e.g. default:info,ads:debug (scopes: ads, filedir, mesh, serviceentry, autoregistration)")
 	f.DurationVar(&opts.WorkloadGracePeriod, "workloadEntryGracePeriod", registry.DefaultGracePeriod, "how long a disconnected auto-registered proxy stays an endpoint (env PILOT_WORKLOAD_ENTRY_GRACE_PERIOD)")
@@ -274,8 +270,8 @@ func addKubeFlags(f *pflag.FlagSet, opts *discovery.Options) {
 
 // addCAFlags adds the flags of the CA and its secure port.
 func addCAFlags(f *pflag.FlagSet, o *discovery.CAOptions) {
-	f.StringVar(&o.SecureGRPCAddr, "secureGRPCAddr", ":15012", "address of the TLS gRPC server of Istio's certificate API (istio.v1.auth.IstioCertificateService); "+
-		"empty: none (default: on --grpcAddr's host; without Kubernetes, --caDir or --caCertsDir, none unless given)")
+	f.StringVar(&o.SecureGRPCAddr, "secureGRPCAddr", ":15012", "address of the TLS gRPC server of xDS (ADS, callers authenticated) and Istio's certificate API "+
+		"(istio.v1.auth.IstioCertificateService); empty: none (default: without Kubernetes, --caDir or --caCertsDir, none unless given)")
 	f.StringVar(&o.Dir, "caDir", "", "without Kubernetes: the directory the CA's self-signed root is made in once and kept "+
 		"(ca-cert.pem, ca-key.pem; root-cert.pem there is the root workloads trust)")
 	f.StringVar(&o.CertsDir, "caCertsDir", "", "a plugged-in CA, Istio's cacerts files (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); "+
