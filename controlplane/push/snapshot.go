@@ -39,7 +39,7 @@ type Options struct {
 	// MTLS generates mutual TLS from PeerAuthentication, DestinationRule TLS and auto mTLS
 	// (issue 27). Off, the generated config has no workload TLS beyond what a
 	// DestinationRule's tls sets explicitly.
-	MTLS bool
+	MTLS bool `json:"mtls"`
 }
 
 // Build reads the registry and configs into a new snapshot.

@@ -142,6 +142,9 @@ func buildOutboundCluster(v *View, svc *model.Service, p model.Port, dr *destRul
 		c.ClusterDiscoveryType = &cluster.Cluster_Type{Type: t}
 		c.DnsLookupFamily = cluster.Cluster_V4_ONLY
 		c.LoadAssignment, eps = loadAssignment(name, subsetEndpoints(snap.Endpoints(svc.Hostname), sub), p.Port)
+		if mtlsOn(v) {
+			markTLSMode(eps)
+		}
 		if svc.Resolution == model.DNSRoundRobin && len(c.LoadAssignment.Endpoints) > 0 {
 			// LOGICAL_DNS accepts exactly one endpoint.
 			c.LoadAssignment.Endpoints = c.LoadAssignment.Endpoints[:1]
@@ -163,7 +166,7 @@ func buildOutboundCluster(v *View, svc *model.Service, p model.Port, dr *destRul
 	if c.LoadAssignment != nil {
 		applyLocality(c.LoadAssignment, eps, v.Proxy.Locality, v.Proxy.Labels, ll, failover)
 	}
-	upstreamTLS(c, opts, tp.GetTls(), opts.http2() != nil)
+	applyUpstreamTLS(v, c, opts, svc, p, sub, tp)
 	upstreamProxyProtocol(c, tp.GetProxyProtocol())
 	opts.apply(c)
 	return c

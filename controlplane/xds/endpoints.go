@@ -63,6 +63,9 @@ func EndpointResource(v *View, name string) *Resource {
 	}
 	return v.Snapshot.eds.assignments.Get(push.HostKey{Host: host, Name: name + "\x00" + variant}, func() *Resource {
 		cla, eps := loadAssignment(name, subsetEndpoints(v.Snapshot.Endpoints(host), sub), port)
+		if mtlsOn(v) {
+			markTLSMode(eps)
+		}
 		if dr != nil && ll != nil {
 			applyLocality(cla, eps, v.Proxy.Locality, v.Proxy.Labels, ll, failover)
 		}

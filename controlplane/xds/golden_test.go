@@ -48,6 +48,7 @@ type fixture struct {
 	snap    *xds.Snapshot
 	configs []*config.Config
 	mesh    *meshconfig.MeshConfig
+	opts    push.Options // from options.yaml
 	reg     *registry.ServiceEntries
 	proxies []*model.Proxy
 	dump    []bool
@@ -94,8 +95,23 @@ func loadCase(t *testing.T, dir string) *fixture {
 		f.dump = append(f.dump, tp.Dump)
 		f.types = append(f.types, tp.Types)
 	}
-	f.snap = xds.NewSnapshot(push.Build("test", m, config.NewIndex(cs), registry.NewAggregate(reg)))
+	b := push.Build("test", m, config.NewIndex(cs), registry.NewAggregate(reg))
+	// options.yaml sets the snapshot's push.Options (mtls: true); without it, none.
+	if od, err := os.ReadFile(filepath.Join(dir, "options.yaml")); err == nil {
+		require.NoError(t, yaml.UnmarshalStrict(od, &b.Options), "options.yaml")
+	} else {
+		require.ErrorIs(t, err, os.ErrNotExist)
+	}
+	f.opts = b.Options
+	f.snap = xds.NewSnapshot(b)
 	return f
+}
+
+// build is a snapshot of the case's mesh config and options with configs and reg.
+func (f *fixture) build(version string, configs []*config.Config, reg registry.Registry) *xds.Snapshot {
+	b := push.Build(version, f.mesh, config.NewIndex(configs), reg)
+	b.Options = f.opts
+	return xds.NewSnapshot(b)
 }
 
 type validator interface{ ValidateAll() error }

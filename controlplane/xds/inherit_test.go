@@ -17,7 +17,6 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
@@ -102,7 +101,7 @@ func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
 			}
 			f.reg.SetConfigs(list())
 			agg := registry.NewAggregate(f.reg)
-			snap := xds.NewSnapshot(push.Build("v0", f.mesh, config.NewIndex(list()), agg))
+			snap := f.build("v0", list(), agg)
 			type moment struct {
 				snap *xds.Snapshot
 				want []generated
@@ -147,7 +146,7 @@ func TestDerivedSnapshotsGenerateWhatAFreshBuildDoes(t *testing.T) {
 				for i, p := range f.proxies {
 					// A snapshot of its own: what the chain shares between proxies must not
 					// leak from one to another either.
-					want := generateAll(xds.NewSnapshot(push.Build("fresh", f.mesh, config.NewIndex(list()), agg)), p)
+					want := generateAll(f.build("fresh", list(), agg), p)
 					got := generateAll(snap, p)
 					require.Empty(t, differences(got, want), "step %d (%v), proxy %s", step, ev.Hosts, p.ID)
 					m.want = append(m.want, got)

@@ -286,16 +286,12 @@ func virtualInbound(v *View) (string, proto.Message) {
 		if in.Bind != "" {
 			continue // its own listener
 		}
-		l.FilterChains = append(l.FilterChains, &listener.FilterChain{
-			Name:             InboundClusterName(in.Port),
-			FilterChainMatch: &listener.FilterChainMatch{DestinationPort: wrapperspb.UInt32(in.Port)},
-			Filters:          inboundFilters(v, in),
-		})
+		l.FilterChains = append(l.FilterChains, inboundFilterChains(v, in, wrapperspb.UInt32(in.Port))...)
 	}
-	l.FilterChains = append(l.FilterChains, &listener.FilterChain{
-		Name:    InboundPassthroughCluster,
-		Filters: []*listener.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)},
-	})
+	l.FilterChains = append(l.FilterChains, inboundPassthroughChains(v)...)
+	if mtlsOn(v) {
+		l.ListenerFilters = append(l.ListenerFilters, tlsInspector())
+	}
 	return VirtualInboundListener, l
 }
 
@@ -305,12 +301,16 @@ func inboundListener(v *View, in Inbound) (string, proto.Message) {
 		bind = in.Bind
 	}
 	name := fmt.Sprintf("%s_%d", bind, in.Port)
-	return name, &listener.Listener{
+	l := &listener.Listener{
 		Name:             name,
 		Address:          socketAddress(bind, in.Port),
 		TrafficDirection: core.TrafficDirection_INBOUND,
-		FilterChains:     []*listener.FilterChain{{Name: InboundClusterName(in.Port), Filters: inboundFilters(v, in)}},
+		FilterChains:     inboundFilterChains(v, in, nil),
 	}
+	if mtlsOn(v) {
+		l.ListenerFilters = []*listener.ListenerFilter{tlsInspector()}
+	}
+	return name, l
 }
 
 func inboundFilters(v *View, in Inbound) []*listener.Filter {

@@ -8,9 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
@@ -46,7 +44,7 @@ func TestProxiesSharingAViewKeyGetWhatTheyWouldAlone(t *testing.T) {
 				all = append(all, variants(p)...)
 			}
 			for _, p := range all {
-				fresh := xds.NewSnapshot(push.Build("fresh", f.mesh, config.NewIndex(f.configs), registry.NewAggregate(f.reg)))
+				fresh := f.build("fresh", f.configs, registry.NewAggregate(f.reg))
 				assert.Empty(t, differences(generateAll(f.snap, p), generateAll(fresh, p)), "proxy %s (locality %v, localhost %s)", p.ID, p.Locality, p.Localhost)
 			}
 		})

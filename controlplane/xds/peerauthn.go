@@ -1,0 +1,105 @@
+package xds
+
+import (
+	security "istio.io/api/security/v1beta1"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+)
+
+// MTLSMode is a PeerAuthentication mode as the generators use it: never UNSET once resolved.
+type MTLSMode = security.PeerAuthentication_MutualTLS_Mode
+
+// The modes.
+const (
+	MTLSUnset      = security.PeerAuthentication_MutualTLS_UNSET
+	MTLSDisable    = security.PeerAuthentication_MutualTLS_DISABLE
+	MTLSPermissive = security.PeerAuthentication_MutualTLS_PERMISSIVE
+	MTLSStrict     = security.PeerAuthentication_MutualTLS_STRICT
+)
+
+// defaultRootNamespace is MeshConfig.rootNamespace when unset, as istiod's.
+const defaultRootNamespace = "istio-system"
+
+// PeerModes is the mutual TLS a workload accepts: its mode, and the ports whose mode its
+// workload policy sets apart. Policies (Istio's pilot/pkg/model/authentication.go): the
+// mesh's (root namespace, no selector), then the namespace's (no selector), then the
+// workload's (a selector matching it, in its namespace); each level's UNSET inherits the
+// level above, and with nothing set anywhere the mode is PERMISSIVE. A port-level mode of
+// the workload's policy (keyed by the workload port) overrides it for that port, UNSET
+// inheriting the workload's.
+type PeerModes struct {
+	Mode  MTLSMode
+	Ports map[uint32]MTLSMode
+	// Policies names the configs that decided (mesh, namespace, workload), for debug output.
+	Policies []string
+}
+
+// Port is the mode of one workload port.
+func (m PeerModes) Port(port uint32) MTLSMode {
+	if pm, ok := m.Ports[port]; ok {
+		return pm
+	}
+	return m.Mode
+}
+
+// PeerAuthenticationFor resolves the policies that apply to a workload in ns with labels. A
+// workload without labels (a service without a selector) gets the namespace's mode.
+func PeerAuthenticationFor(snap *Snapshot, ns string, labels map[string]string) PeerModes {
+	root := snap.Mesh.GetRootNamespace()
+	if root == "" {
+		root = defaultRootNamespace
+	}
+	out := PeerModes{Mode: MTLSPermissive}
+	apply := func(c *config.Config) *security.PeerAuthentication {
+		if c == nil {
+			return nil
+		}
+		pa := c.Spec.(*security.PeerAuthentication)
+		out.Policies = append(out.Policies, c.Namespace+"/"+c.Name)
+		if m := pa.GetMtls().GetMode(); m != MTLSUnset {
+			out.Mode = m
+		}
+		return pa
+	}
+	apply(namespacePolicy(snap, root))
+	if ns != root {
+		apply(namespacePolicy(snap, ns))
+	}
+	wl := apply(workloadPolicy(snap, ns, labels))
+	for port, pm := range wl.GetPortLevelMtls() {
+		if m := pm.GetMode(); m != MTLSUnset {
+			if out.Ports == nil {
+				out.Ports = map[uint32]MTLSMode{}
+			}
+			out.Ports[port] = m
+		}
+	}
+	return out
+}
+
+// namespacePolicy is the namespace's policy without a selector. Of several, Istio takes the
+// oldest; configs here carry no creation time, so the first by name (Istio's second key)
+// wins.
+func namespacePolicy(snap *Snapshot, ns string) *config.Config {
+	for _, c := range snap.Configs.Namespace(config.PeerAuthentication, ns) {
+		if len(c.Spec.(*security.PeerAuthentication).GetSelector().GetMatchLabels()) == 0 {
+			return c
+		}
+	}
+	return nil
+}
+
+// workloadPolicy is the first policy of ns (by name, see namespacePolicy) whose selector
+// matches labels.
+func workloadPolicy(snap *Snapshot, ns string, labels map[string]string) *config.Config {
+	if len(labels) == 0 {
+		return nil
+	}
+	for _, c := range snap.Configs.Namespace(config.PeerAuthentication, ns) {
+		sel := c.Spec.(*security.PeerAuthentication).GetSelector().GetMatchLabels()
+		if len(sel) > 0 && config.SelectorMatches(sel, labels) {
+			return c
+		}
+	}
+	return nil
+}
