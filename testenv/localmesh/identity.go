@@ -74,9 +74,29 @@ func (id *identity) podEnv(p *Pod) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localmesh: credential of pod %s: %w", p.Spec.Name, err)
 	}
-	file := filepath.Join(p.Dir, "pod", "credential")
+	file := p.CredentialFile()
 	if err := os.WriteFile(file, []byte(cred), 0o600); err != nil {
 		return nil, err
 	}
 	return []string{"WASMESH_CA_TOKEN_FILE=" + file, "CA_ADDR=" + id.secureAddr, "CA_ROOT_CA=" + id.rootFile()}, nil
 }
+
+// SecureAddress is discovery's TLS port (Istio's 15012): the CA and xDS; "" without identity.
+func (m *Mesh) SecureAddress() string {
+	if m.identity == nil {
+		return ""
+	}
+	return m.identity.secureAddr
+}
+
+// CADir is discovery's CA directory (ca-cert.pem, ca-key.pem, root-cert.pem); "" without
+// identity.
+func (m *Mesh) CADir() string {
+	if m.identity == nil {
+		return ""
+	}
+	return m.identity.caDir
+}
+
+// CredentialFile is the pod's credential (what its agent shows the CA and discovery).
+func (p *Pod) CredentialFile() string { return filepath.Join(p.Dir, "pod", "credential") }
