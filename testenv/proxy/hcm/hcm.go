@@ -466,9 +466,18 @@ func (m *Manager) prepareRequest(r *http.Request, info *streaminfo.Info) {
 		h := hex.EncodeToString(b[:])
 		r.Header.Set("x-request-id", h[:8]+"-"+h[8:12]+"-"+h[12:16]+"-"+h[16:20]+"-"+h[20:])
 	}
-	if r.Header.Get("x-forwarded-proto") == "" {
-		r.Header.Set("x-forwarded-proto", "http")
+	sc := secureConnOf(r)
+	if sc != nil {
+		info.DownstreamTLS = sc.DownstreamTLS()
 	}
+	if r.Header.Get("x-forwarded-proto") == "" {
+		if sc != nil {
+			r.Header.Set("x-forwarded-proto", "https")
+		} else {
+			r.Header.Set("x-forwarded-proto", "http")
+		}
+	}
+	m.forwardClientCert(r, sc)
 	if m.useRemote && !m.proto.GetSkipXffAppend() {
 		if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 			if prior := r.Header.Get("x-forwarded-for"); prior != "" {

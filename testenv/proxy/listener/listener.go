@@ -29,7 +29,9 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/proxy/drain"
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
 	"github.com/wasmesh/wasmesh/testenv/proxy/rbac"
+	"github.com/wasmesh/wasmesh/testenv/proxy/sds"
 	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
+	"github.com/wasmesh/wasmesh/testenv/proxy/tlsctx"
 )
 
 // NetworkFilter serves connections of one filter chain.
@@ -55,12 +57,14 @@ type Deps struct {
 	Inbound   *drain.Drainer // drains inbound listeners only (/drain_listeners?inboundonly)
 	MaxConns  int64          // global downstream connection limit; 0: none
 	DrainTime time.Duration
+	Secrets   *sds.Manager // TLS transport sockets' secrets
 }
 
 type filterChain struct {
 	proto  *listenerv3.FilterChain
 	filter NetworkFilter
 	hcm    *hcm.Manager
+	tls    *tlsctx.Server // nil: plaintext
 }
 
 // Listener is one configured listener.
@@ -79,9 +83,11 @@ type Listener struct {
 	ctx          context.Context
 	cancel       context.CancelFunc
 	own          *drain.Drainer // drains this listener (update, removal)
+	tls          tlsState
+	log          *slog.Logger
 	st           struct {
-		cxTotal, cxDestroy, overflow, noChain *stats.Counter
-		cxActive                              *stats.Gauge
+		cxTotal, cxDestroy, overflow, noChain, preCxTimeout *stats.Counter
+		cxActive                                            *stats.Gauge
 	}
 }
 
@@ -115,7 +121,7 @@ func (l *Listener) Ready() bool {
 			return false
 		}
 	}
-	return true
+	return l.secretsReady()
 }
 
 // LocalAddr is the bound address (useful with port 0).
@@ -170,6 +176,8 @@ func Build(d Deps, p *listenerv3.Listener, version string) (*Listener, error) {
 	l.st.cxActive = sc.Gauge("downstream_cx_active")
 	l.st.overflow = sc.Counter("downstream_global_cx_overflow")
 	l.st.noChain = sc.Counter("no_filter_chain_match")
+	l.st.preCxTimeout = sc.Counter("downstream_pre_cx_timeout")
+	l.log = d.Log
 	drainers := drain.Any{d.Server, l.own}
 	if l.Direction == int(corev3.TrafficDirection_INBOUND) {
 		drainers = append(drainers, d.Inbound)
@@ -192,13 +200,13 @@ func Build(d Deps, p *listenerv3.Listener, version string) (*Listener, error) {
 		}
 		l.defaultChain = c
 	}
+	if err := l.compileTLS(d, p, prefix); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
 
 func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.FilterChain) (*filterChain, error) {
-	if fc.GetTransportSocket() != nil && fc.GetTransportSocket().GetName() != "envoy.transport_sockets.raw_buffer" {
-		return nil, fmt.Errorf("transport socket %s is not supported", fc.GetTransportSocket().GetName())
-	}
 	c := &filterChain{proto: fc}
 	var gates []*rbac.NetworkFilter
 	for i, f := range fc.GetFilters() {
@@ -385,7 +393,11 @@ func (l *Listener) serve(m *Manager, conn net.Conn) {
 		l.st.cxDestroy.Inc()
 		m.release()
 	}}
-	c := l.pickChain(conn)
+	if l.needsInspection() {
+		go l.inspectAndServe(tc)
+		return
+	}
+	c := l.pickChain(facts(conn))
 	if c == nil {
 		l.st.noChain.Inc()
 		_ = tc.Close()

@@ -110,6 +110,9 @@ func (m *Manager) AddOrUpdate(p *listenerv3.Listener, version string, static boo
 	}
 	m.warming[l.Name] = l
 	m.mu.Unlock()
+	for _, p := range l.secretProviders() {
+		p.OnDone(func() { _ = m.Recheck() })
+	}
 	return m.Recheck()
 }
 
@@ -375,89 +378,6 @@ func (c *dstConn) LocalAddr() net.Addr {
 		return a
 	}
 	return c.Conn.LocalAddr()
-}
-
-// pickChain applies filter_chain_match: the matching chain with the most specific match
-// (destination port, destination prefix, transport protocol, application protocols,
-// source prefix), else the default chain. Transport protocol "tls" never matches: this
-// proxy only speaks plaintext.
-func (l *Listener) pickChain(conn net.Conn) *filterChain {
-	local, _ := netip.ParseAddrPort(conn.LocalAddr().String())
-	remote, _ := netip.ParseAddrPort(conn.RemoteAddr().String())
-	var best *filterChain
-	bestScore := -1
-	for _, c := range l.chains {
-		score, ok := matchChain(c.proto.GetFilterChainMatch(), local, remote)
-		if ok && score > bestScore {
-			best, bestScore = c, score
-		}
-	}
-	if best != nil {
-		return best
-	}
-	return l.defaultChain
-}
-
-func matchChain(fcm *listenerv3.FilterChainMatch, local, remote netip.AddrPort) (int, bool) {
-	if fcm == nil {
-		return 0, true
-	}
-	score := 0
-	if p := fcm.GetDestinationPort(); p != nil {
-		if uint32(local.Port()) != p.GetValue() {
-			return 0, false
-		}
-		score += 32
-	}
-	if len(fcm.GetPrefixRanges()) > 0 {
-		if !inRanges(fcm.GetPrefixRanges(), local.Addr()) {
-			return 0, false
-		}
-		score += 16
-	}
-	switch fcm.GetTransportProtocol() {
-	case "", "raw_buffer":
-		if fcm.GetTransportProtocol() != "" {
-			score += 8
-		}
-	default:
-		return 0, false
-	}
-	if len(fcm.GetApplicationProtocols()) > 0 {
-		ok := false
-		for _, p := range fcm.GetApplicationProtocols() {
-			if p == "http/1.1" || p == "h2c" || p == "http/1.0" {
-				ok = true
-			}
-		}
-		if !ok {
-			return 0, false
-		}
-		score += 4
-	}
-	if len(fcm.GetSourcePrefixRanges()) > 0 || len(fcm.GetDirectSourcePrefixRanges()) > 0 {
-		ranges := append(append([]*corev3.CidrRange(nil), fcm.GetSourcePrefixRanges()...), fcm.GetDirectSourcePrefixRanges()...)
-		if !inRanges(ranges, remote.Addr()) {
-			return 0, false
-		}
-		score += 2
-	}
-	if len(fcm.GetSourcePorts()) > 0 {
-		ok := false
-		for _, p := range fcm.GetSourcePorts() {
-			if p == uint32(remote.Port()) {
-				ok = true
-			}
-		}
-		if !ok {
-			return 0, false
-		}
-		score++
-	}
-	if len(fcm.GetServerNames()) > 0 {
-		return 0, false // no TLS, so no SNI
-	}
-	return score, true
 }
 
 func inRanges(ranges []*corev3.CidrRange, a netip.Addr) bool {

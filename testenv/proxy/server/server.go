@@ -31,6 +31,7 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/proxy/listener"
 	"github.com/wasmesh/wasmesh/testenv/proxy/logging"
 	"github.com/wasmesh/wasmesh/testenv/proxy/router"
+	"github.com/wasmesh/wasmesh/testenv/proxy/sds"
 	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
 	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
 	"github.com/wasmesh/wasmesh/testenv/proxy/xdsclient"
@@ -78,6 +79,7 @@ type Server struct {
 	store   *stats.Store
 
 	clusters  *upstream.Manager
+	secrets   *sds.Manager
 	listeners *listener.Manager
 	buffers   *hcm.BufferPool
 	registry  *hcm.Registry
@@ -222,6 +224,10 @@ func New(parent context.Context, o Options, exts ...Extension) (*Server, error) 
 	s.state.Store(StatePreInitializing)
 	s.registry.Register(router.TypeURL, router.Factory)
 	s.clusters = upstream.NewManager(ctx, s.store, loggers.For("upstream"))
+	if err := s.newSecrets(); err != nil {
+		cancel()
+		return nil, err
+	}
 	s.serverStats()
 	if err := s.applyTestHooks(); err != nil {
 		cancel()
@@ -293,7 +299,7 @@ func Validate(o Options) error {
 
 func (s *Server) listenerDeps() listener.Deps {
 	d := listener.Deps{Store: s.store, Log: s.loggers.For("conn_handler"), Server: s.serverDrain, Inbound: s.inboundDrain,
-		MaxConns: maxConnections(s.boot), DrainTime: s.opts.DrainTime,
+		MaxConns: maxConnections(s.boot), DrainTime: s.opts.DrainTime, Secrets: s.secrets,
 		HCM: func(li hcm.ListenerInfo, drainers drain.Any) *hcm.Context {
 			return &hcm.Context{Store: s.store, Clusters: s.clusters, Log: s.loggers.For("http"), Registry: s.registry,
 				Providers: s, Listener: li, Drain: drainers, AccessLog: s.opts.Stdout, Buffers: s.buffers}

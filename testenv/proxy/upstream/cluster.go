@@ -191,7 +191,8 @@ type Cluster struct {
 	conns          map[*countedConn]struct{}
 	pipeMu         sync.Mutex
 	pipeKeys       map[string]string // pipe path -> HTTP/2 pool key
-	pipePaths      map[string]string // HTTP/2 pool key -> pipe path
+	h2Hosts        sync.Map          // HTTP/2 pool key -> *Host
+	transports     *transports
 }
 
 // Hosts returns the current host set (never nil once the cluster is active).
@@ -333,7 +334,7 @@ func (c *Cluster) RoundTrip(req *http.Request, h *Host, downstreamHTTP2 bool) (*
 		return c.h2.RoundTrip(req)
 	}
 	req.URL.Host = h.Address
-	return c.h1.roundTrip(req, h.DialNetwork(), h.Address)
+	return c.h1.roundTrip(req, h)
 }
 
 // Close drops the cluster's idle connections (a removed or replaced cluster).
@@ -360,40 +361,48 @@ func (cc *countedConn) Close() error {
 }
 
 // h2Key is the authority the HTTP/2 transport pools a host's connections by: its address,
-// or for a pipe a made-up name that dialH2 maps back to the path (a path is no authority).
+// or for a pipe a made-up name (a path is no authority); dialH2 finds the host by it.
 func (c *Cluster) h2Key(h *Host) string {
-	if h.Network == "" {
-		return h.Address
-	}
-	c.pipeMu.Lock()
-	defer c.pipeMu.Unlock()
-	k, ok := c.pipeKeys[h.Address]
-	if !ok {
-		k = "pipe-" + strconv.Itoa(len(c.pipeKeys)) + ".invalid:0"
-		if c.pipeKeys == nil {
-			c.pipeKeys, c.pipePaths = map[string]string{}, map[string]string{}
+	k := h.Address
+	if h.Network != "" {
+		c.pipeMu.Lock()
+		var ok bool
+		if k, ok = c.pipeKeys[h.Address]; !ok {
+			k = "pipe-" + strconv.Itoa(len(c.pipeKeys)) + ".invalid:0"
+			if c.pipeKeys == nil {
+				c.pipeKeys = map[string]string{}
+			}
+			c.pipeKeys[h.Address] = k
 		}
-		c.pipeKeys[h.Address], c.pipePaths[k] = k, h.Address
+		c.pipeMu.Unlock()
+	}
+	if v, ok := c.h2Hosts.Load(k); !ok || v.(*Host) != h {
+		c.h2Hosts.Store(k, h)
 	}
 	return k
 }
 
-func (c *Cluster) dialH2(ctx context.Context, addr string) (net.Conn, error) {
-	c.pipeMu.Lock()
-	path, ok := c.pipePaths[addr]
-	c.pipeMu.Unlock()
-	if ok {
-		return c.dial(ctx, "unix", path, true)
+func (c *Cluster) dialH2(ctx context.Context, key string) (net.Conn, error) {
+	v, ok := c.h2Hosts.Load(key)
+	if !ok {
+		return nil, &ConnectError{Host: key, Err: errors.New("unknown host")}
 	}
-	return c.dial(ctx, "tcp", addr, true)
+	return c.dial(ctx, v.(*Host), true)
 }
 
-func (c *Cluster) dial(ctx context.Context, network, addr string, h2 bool) (net.Conn, error) {
+func (c *Cluster) dial(ctx context.Context, h *Host, h2 bool) (net.Conn, error) {
 	d := net.Dialer{Timeout: c.connectTimeout, KeepAlive: 30 * time.Second}
-	conn, err := d.DialContext(ctx, network, addr)
+	conn, err := d.DialContext(ctx, h.DialNetwork(), h.Address)
+	if err == nil {
+		// The connection counts as connected once its TLS handshake, if any, is done,
+		// as Envoy raises Connected after the transport socket's handshake.
+		hctx, cancel := context.WithTimeout(ctx, c.connectTimeout)
+		conn, err = c.handshake(hctx, conn, h)
+		cancel()
+	}
 	if err != nil {
 		c.Stats.UpstreamCxConnectFail.Inc()
-		return nil, &ConnectError{Host: addr, Err: err}
+		return nil, &ConnectError{Host: h.Address, Err: err}
 	}
 	c.Stats.UpstreamCxTotal.Inc()
 	if h2 {

@@ -148,8 +148,9 @@ func (p *h1Pool) closeIdle() {
 	}
 }
 
-func (p *h1Pool) dial(ctx context.Context, network, addr string) (*h1Conn, error) {
-	conn, err := p.c.dial(ctx, network, addr, false)
+func (p *h1Pool) dial(ctx context.Context, h *Host) (*h1Conn, error) {
+	addr := h.Address
+	conn, err := p.c.dial(ctx, h, false)
 	if err != nil {
 		return nil, err
 	}
@@ -167,13 +168,14 @@ var errRetryFresh = errors.New("reused connection closed by the upstream")
 // roundTrip sends req to addr over a pooled connection. A request without a body is
 // tried again on a new connection when a reused one turns out to be closed, as
 // net/http's Transport does for requests that were not processed.
-func (p *h1Pool) roundTrip(req *http.Request, network, addr string) (*http.Response, error) {
+func (p *h1Pool) roundTrip(req *http.Request, h *Host) (*http.Response, error) {
+	addr := h.Address
 	for attempt := 0; ; attempt++ {
 		pc := p.get(addr)
 		reused := pc != nil
 		if pc == nil {
 			var err error
-			if pc, err = p.dial(req.Context(), network, addr); err != nil {
+			if pc, err = p.dial(req.Context(), h); err != nil {
 				return nil, err
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/wasmesh/wasmesh/testenv/proxy/sds"
 	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
 )
 
@@ -37,6 +38,7 @@ type Manager struct {
 	warming  map[string]*entry
 	cla      map[string]*endpointv3.ClusterLoadAssignment // last EDS per service name
 	onChange []func()
+	secrets  *sds.Manager
 
 	cmStats struct {
 		added, modified, removed, updateEndpoints *stats.Counter
@@ -49,6 +51,9 @@ type entry struct {
 	cancel context.CancelFunc
 	timer  *time.Timer
 	static bool
+	// hostsReady: the cluster's hosts arrived (or their wait timed out); it may still
+	// wait for its secrets.
+	hostsReady bool
 }
 
 // NewManager returns an empty cluster manager whose background work (DNS refresh, warming
@@ -65,6 +70,10 @@ func NewManager(ctx context.Context, store *stats.Store, log *slog.Logger) *Mana
 	m.cmStats.warmingG = sc.Gauge("warming_clusters")
 	return m
 }
+
+// SetSecrets gives the manager the secrets of TLS transport sockets (before clusters are
+// added).
+func (m *Manager) SetSecrets(s *sds.Manager) { m.secrets = s }
 
 // Context is the cluster manager's lifetime (work that outlives a request, such as shadow
 // requests, stops with it).
@@ -135,6 +144,9 @@ func (m *Manager) build(cfg *clusterv3.Cluster, version string) (*Cluster, error
 	if err != nil {
 		return nil, err
 	}
+	if c.transports, err = compileTransports(cfg, m.secrets, sc); err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", cfg.GetName(), err)
+	}
 	if la := cfg.GetLoadAssignment(); la != nil && cfg.GetType() != clusterv3.Cluster_EDS {
 		hosts, err := hostsFromAssignment(la)
 		if err != nil {
@@ -195,23 +207,49 @@ func (m *Manager) AddOrUpdate(cfg *clusterv3.Cluster, version string, static boo
 		go m.refreshDNS(ctx, c, hosts, cfg.GetType() == clusterv3.Cluster_LOGICAL_DNS, func() { m.finishWarming(name, e) })
 	}
 	c.start(ctx)
+	e.hostsReady = !warm
+	// A cluster whose TLS secrets have not arrived warms too, as Envoy's init manager
+	// waits for the transport socket's SDS subscriptions.
+	secretsPending := !c.transports.ready()
+	if warm || secretsPending {
+		m.warming[c.Name] = e
+	}
 	if warm {
 		timeout := defaultInitialFetchTimeout
 		if t := cfg.GetEdsClusterConfig().GetEdsConfig().GetInitialFetchTimeout(); t != nil {
 			timeout = t.AsDuration()
 		}
-		m.warming[c.Name] = e
 		if timeout > 0 {
 			name := c.Name
 			e.timer = time.AfterFunc(timeout, func() { m.finishWarming(name, e) })
 		}
-	} else {
+	} else if !secretsPending {
 		m.activate(e, existed)
 	}
 	m.gauges()
 	m.mu.Unlock()
+	if secretsPending {
+		for _, p := range c.transports.providers() {
+			p.OnDone(func() { m.secretsDone(c.Name, e) })
+		}
+	}
 	m.notify()
 	return nil
+}
+
+// secretsDone activates a warming cluster once its secrets and its hosts are there.
+func (m *Manager) secretsDone(name string, e *entry) {
+	m.mu.Lock()
+	if m.warming[name] != e || !e.hostsReady || !e.c.transports.ready() {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.warming, name)
+	_, existed := m.active[name]
+	m.activate(e, existed)
+	m.gauges()
+	m.mu.Unlock()
+	m.notify()
 }
 
 // activate installs e as the active cluster; m.mu must be held.
@@ -232,6 +270,11 @@ func (m *Manager) activate(e *entry, existed bool) {
 func (m *Manager) finishWarming(name string, e *entry) {
 	m.mu.Lock()
 	if m.warming[name] != e {
+		m.mu.Unlock()
+		return
+	}
+	e.hostsReady = true
+	if !e.c.transports.ready() {
 		m.mu.Unlock()
 		return
 	}
@@ -318,6 +361,10 @@ func (m *Manager) UpdateEndpoints(cla *endpointv3.ClusterLoadAssignment) error {
 			e.c.SetHosts(hostSet())
 			if e.timer != nil {
 				e.timer.Stop()
+			}
+			e.hostsReady = true
+			if !e.c.transports.ready() {
+				continue // secretsDone activates it
 			}
 			delete(m.warming, name)
 			done = append(done, e)

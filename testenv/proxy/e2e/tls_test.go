@@ -1,0 +1,185 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rawv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/wasmesh/wasmesh/agent/workloadcert"
+	"github.com/wasmesh/wasmesh/testenv/proxy/proxytest"
+)
+
+// mtlsCluster is Istio's outbound cluster with auto mTLS: endpoints labelled tlsMode=istio
+// get mutual TLS checking the server's SAN, others plaintext.
+func mtlsCluster(t *testing.T, name, san string) *clusterv3.Cluster {
+	t.Helper()
+	c := edsCluster(name)
+	utc := &tlsv3.UpstreamTlsContext{CommonTlsContext: meshTLS([]string{"istio"}, san),
+		Sni: "outbound_.80_._." + name + ".default.svc.cluster.local"}
+	raw, err := anypb.New(&rawv3.RawBuffer{})
+	require.NoError(t, err)
+	c.TransportSocketMatches = []*clusterv3.Cluster_TransportSocketMatch{
+		{Name: "tlsMode-istio", Match: &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}},
+			TransportSocket: transportSocket(t, utc)},
+		{Name: "tlsMode-disabled", Match: &structpb.Struct{},
+			TransportSocket: &corev3.TransportSocket{Name: "envoy.transport_sockets.raw_buffer", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: raw}}},
+	}
+	require.NoError(t, c.ValidateAll())
+	return c
+}
+
+// meshPair is two meshproxies with certificates from one CA: "a" sends through its
+// outbound listener to "b"'s inbound listeners (strict and permissive), which forward
+// to an app that echoes the headers it got.
+type meshPair struct {
+	pki          *pki
+	a, b         *proxytest.Proxy
+	aCert, bCert *workloadcert.Bundle
+	bSDS         interface {
+		Update(*workloadcert.Bundle) error
+	}
+	strict, permis string // b's listener addresses
+	app            *upstream
+}
+
+func newMeshPair(t *testing.T, appHandler http.HandlerFunc) *meshPair {
+	t.Helper()
+	mp := &meshPair{pki: newPKI(t)}
+	now := time.Now()
+	mp.aCert, mp.bCert = mp.pki.bundle(t, "a", now, time.Hour), mp.pki.bundle(t, "b", now, time.Hour)
+	mp.app = newUpstream(t, "app", false, appHandler)
+	bSDS, bPath := startSDS(t, mp.bCert)
+	mp.bSDS = bSDS
+	cpB := newControlPlane(t, "")
+	cpB.set("v1", map[resourcev3.Type][]types.Resource{
+		resourcev3.ClusterType:  {edsCluster("app")},
+		resourcev3.EndpointType: {endpoints("app", addr(mp.app))},
+		resourcev3.ListenerType: {inboundListener(t, "strict", "r-in", false), inboundListener(t, "permissive", "r-in", true)},
+		resourcev3.RouteType:    {routeTo("r-in", "app")},
+	})
+	mp.b = proxytest.Start(t, proxytest.Options{Bootstrap: sdsBootstrap(cpB.addr, bPath), NoWait: true})
+	mp.b.WaitReady(20 * time.Second)
+	mp.strict, mp.permis = mp.b.ListenerAddr("strict"), mp.b.ListenerAddr("permissive")
+
+	_, aPath := startSDS(t, mp.aCert)
+	cpA := newControlPlane(t, "")
+	cpA.set("v1", map[resourcev3.Type][]types.Resource{
+		resourcev3.ClusterType: {mtlsCluster(t, "b", spiffe("b")), mtlsCluster(t, "b-badsan", spiffe("not-b")), edsCluster("b-plain")},
+		resourcev3.EndpointType: {istioEndpoints("b", mp.strict), istioEndpoints("b-badsan", mp.strict),
+			endpoints("b-plain", mp.strict)},
+		resourcev3.ListenerType: {httpListener(t, "out", "r-out", corev3.TrafficDirection_OUTBOUND),
+			httpListener(t, "badsan", "r-bad", corev3.TrafficDirection_OUTBOUND),
+			httpListener(t, "plain", "r-plain", corev3.TrafficDirection_OUTBOUND)},
+		resourcev3.RouteType: {routeTo("r-out", "b"), routeTo("r-bad", "b-badsan"), routeTo("r-plain", "b-plain")},
+	})
+	mp.a = proxytest.Start(t, proxytest.Options{Bootstrap: sdsBootstrap(cpA.addr, aPath), NoWait: true})
+	mp.a.WaitReady(20 * time.Second)
+	return mp
+}
+
+func certHash(b *workloadcert.Bundle) string {
+	sum := sha256.Sum256(b.Leaf.Raw)
+	return hex.EncodeToString(sum[:])
+}
+
+// dialTLS is a Go client playing a mesh peer against one of b's listeners: it reports
+// whether a request over the connection got an answer.
+func dialTLS(t *testing.T, addr string, certs []tls.Certificate) error {
+	t.Helper()
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr,
+		&tls.Config{Certificates: certs, InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}) //nolint:gosec // a test peer
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		return err
+	}
+	buf := make([]byte, 12)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err // TLS 1.3: the server's verdict on our certificate arrives here
+	}
+	if !strings.HasPrefix(string(buf), "HTTP/1.1 ") {
+		return io.ErrUnexpectedEOF
+	}
+	return nil
+}
+
+// TestMutualTLSBetweenProxies: a's outbound cluster picks TLS for endpoints labelled
+// tlsMode=istio and reaches b's STRICT listener over mutual TLS with certificates served
+// by the agent's SDS; b forwards the client's identity in x-forwarded-client-cert. A
+// wrong SAN, plaintext to STRICT, a foreign CA, an expired certificate and no
+// certificate are refused and counted; PERMISSIVE takes plaintext and TLS.
+func TestMutualTLSBetweenProxies(t *testing.T) {
+	mp := newMeshPair(t, nil)
+	c := client(t)
+
+	r := do(t, c, "GET", "http://"+mp.a.ListenerAddr("out")+"/", "", map[string]string{"x-forwarded-client-cert": "By=forged"})
+	require.Equal(t, 200, r.code, r.body)
+	assert.Equal(t, "app", r.header.Get("x-upstream"))
+	// a's outbound listener sanitizes what its plaintext client sent (SANITIZE, the default).
+	want := "By=" + spiffe("b") + ";Hash=" + certHash(mp.aCert) + `;Subject="";URI=` + spiffe("a")
+	assert.Equal(t, want, r.header.Get("x-seen-h-X-Forwarded-Client-Cert"))
+	assert.Equal(t, int64(1), mp.b.Stat("listener.strict.ssl.handshake"))
+	assert.Equal(t, int64(1), mp.a.Stat("cluster.b.ssl.handshake"))
+	assert.Equal(t, int64(1), mp.a.Stat("cluster.b.ssl.versions.TLSv1_2"), "Envoy's clients stop at TLS 1.2 by default")
+	assert.Equal(t, int64(1), mp.b.Stat("listener.strict.ssl.versions.TLSv1_2"))
+	assert.Equal(t, int64(1), mp.a.Stat("cluster.b.transport_socket_match.tlsMode-istio.total_match_count"))
+
+	// The server's certificate names another identity than the cluster expects.
+	r = do(t, c, "GET", "http://"+mp.a.ListenerAddr("badsan")+"/", "", nil)
+	assert.Equal(t, 503, r.code)
+	assert.Equal(t, int64(1), mp.a.Stat("cluster.b-badsan.ssl.fail_verify_san"))
+	assert.GreaterOrEqual(t, mp.a.Stat("cluster.b-badsan.upstream_cx_connect_fail"), int64(1))
+
+	// Plaintext to STRICT: no chain takes it, the connection is closed.
+	r = do(t, c, "GET", "http://"+mp.a.ListenerAddr("plain")+"/", "", nil)
+	assert.Equal(t, 503, r.code)
+	assert.GreaterOrEqual(t, mp.b.Stat("listener.strict.no_filter_chain_match"), int64(1))
+
+	// PERMISSIVE: plaintext goes to the plaintext chain (its XFCC is sanitized), TLS to
+	// the TLS chain.
+	r = do(t, c, "GET", "http://"+mp.permis+"/", "", map[string]string{"x-forwarded-client-cert": "By=forged"})
+	assert.Equal(t, 200, r.code)
+	assert.Equal(t, "", r.header.Get("x-seen-h-X-Forwarded-Client-Cert"))
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		Certificates: clientCert(mp.aCert), InsecureSkipVerify: true}}} //nolint:gosec // a test peer
+	t.Cleanup(hc.CloseIdleConnections)
+	r = do(t, hc, "GET", "https://"+mp.permis+"/", "", map[string]string{"x-forwarded-client-cert": "By=forged"})
+	assert.Equal(t, 200, r.code)
+	// APPEND_FORWARD keeps what an mTLS peer sent and appends this hop.
+	assert.Equal(t, "By=forged,"+want, r.header.Get("x-seen-h-X-Forwarded-Client-Cert"))
+	assert.Equal(t, int64(1), mp.b.Stat("listener.permissive.ssl.handshake"))
+	assert.Equal(t, int64(1), mp.b.Stat("listener.permissive.ssl.versions.TLSv1_3"))
+
+	// A foreign CA, an expired certificate and no certificate fail the handshake.
+	foreign := newPKI(t).bundle(t, "a", time.Now(), time.Hour)
+	assert.Error(t, dialTLS(t, mp.strict, clientCert(foreign)))
+	expired := mp.pki.bundle(t, "a", time.Now().Add(-2*time.Hour), time.Hour)
+	assert.Error(t, dialTLS(t, mp.strict, clientCert(expired)))
+	assert.Equal(t, int64(2), mp.b.Stat("listener.strict.ssl.fail_verify_error"))
+	assert.Error(t, dialTLS(t, mp.strict, nil))
+	assert.Equal(t, int64(1), mp.b.Stat("listener.strict.ssl.fail_verify_no_cert"))
+	require.NoError(t, dialTLS(t, mp.strict, clientCert(mp.aCert)), "the right certificate still gets in")
+	mp.b.Eventually(5*time.Second, "three failed handshakes counted", func() bool {
+		return mp.b.Stat("listener.strict.ssl.connection_error") >= 3
+	})
+}
