@@ -55,6 +55,9 @@ type Input struct {
 	// SDSSocketPath, when set, is the agent's SDS socket: the bootstrap gets Istio's
 	// sds-grpc cluster, a pipe to it.
 	SDSSocketPath string
+	// XDSSocketPath, when set, is the agent's XDS proxy socket: the xds-grpc cluster is a
+	// pipe to it, plaintext (the agent holds the credentials for discovery).
+	XDSSocketPath string
 }
 
 // Params is the data a bootstrap template is executed with. A custom template may use
@@ -88,6 +91,9 @@ type Params struct {
 	ConcurrencyOrZero int
 	// SDSSocketPath is the agent's SDS socket (empty: no sds-grpc cluster).
 	SDSSocketPath string
+	// XDSSocketPath is the agent's XDS proxy socket (empty: xds-grpc goes straight to
+	// DiscoveryHost:DiscoveryPort).
+	XDSSocketPath string
 }
 
 // NodeID is Istio's sidecar node id.
@@ -237,6 +243,7 @@ func NewParams(in Input) (*Params, error) {
 		WorkloadName:      workload,
 		ConcurrencyOrZero: int(pc.GetConcurrency().GetValue()),
 		SDSSocketPath:     in.SDSSocketPath,
+		XDSSocketPath:     in.XDSSocketPath,
 	}, nil
 }
 

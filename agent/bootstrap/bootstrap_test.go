@@ -52,6 +52,10 @@ func renderCase(t *testing.T, dir string) ([]byte, error) {
 	if b, err := os.ReadFile(filepath.Join(dir, "sds-socket")); err == nil {
 		in.SDSSocketPath = strings.TrimSpace(string(b))
 	}
+	// The agent runs the XDS proxy unless plaintext to a loopback discovery was asked for.
+	if b, err := os.ReadFile(filepath.Join(dir, "xds-socket")); err == nil {
+		in.XDSSocketPath = strings.TrimSpace(string(b))
+	}
 	envs := EnvMap(env)
 	pc, err := proxyconfig.Effective(proxyconfig.Layers{Env: envs["PROXY_CONFIG"], Annotations: pod.Annotations})
 	if err != nil {

@@ -36,6 +36,7 @@ type Reporter struct {
 	addr string
 	node *corev3.Node
 	log  *slog.Logger
+	dial []grpc.DialOption
 
 	mu      sync.Mutex
 	state   error // nil: healthy
@@ -46,12 +47,16 @@ type Reporter struct {
 	sent    chan struct{} // closed and replaced whenever sentGen advances
 }
 
-// New returns a reporter for the proxy with node, to discovery at addr (host:port).
-func New(addr string, node *corev3.Node, log *slog.Logger) *Reporter {
+// New returns a reporter for the proxy with node, to discovery at addr (host:port),
+// reached with dial (the agent's TLS and credentials for discovery; none: plaintext).
+func New(addr string, node *corev3.Node, log *slog.Logger, dial ...grpc.DialOption) *Reporter {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Reporter{addr: addr, node: node, log: log.With("scope", "healthreport"),
+	if len(dial) == 0 {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	return &Reporter{addr: addr, node: node, log: log.With("scope", "healthreport"), dial: dial,
 		wake: make(chan struct{}, 1), sent: make(chan struct{})}
 }
 
@@ -99,9 +104,9 @@ func (r *Reporter) Flush(ctx context.Context) error {
 func (r *Reporter) Run(ctx context.Context) {
 	// The channel redials on the same back-off as the stream (gRPC's own grows to 120 s,
 	// and a restarted discovery would not hear of this pod for that long).
-	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(r.addr, append(r.dial[:len(r.dial):len(r.dial)],
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
-			BaseDelay: minBackoff, Multiplier: 2, Jitter: 0.2, MaxDelay: maxBackoff}}))
+			BaseDelay: minBackoff, Multiplier: 2, Jitter: 0.2, MaxDelay: maxBackoff}}))...)
 	if err != nil {
 		r.log.Error("health reports disabled: bad discovery address", "address", r.addr, "err", err)
 		return

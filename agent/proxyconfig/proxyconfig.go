@@ -20,14 +20,13 @@ import (
 const AnnotationKey = "proxy.istio.io/config"
 
 // DefaultDiscoveryAddress is where a sidecar finds discovery unless told: discovery's
-// Service in the cluster, on its plaintext xDS port (15010), which is what discovery
-// serves. Istio's default is the TLS port 15012; wasmesh moves to it once discovery serves
-// xDS over TLS.
-const DefaultDiscoveryAddress = "istiod.istio-system.svc:15010"
+// Service in the cluster, on its authenticated TLS port (15012), Istio's default; the
+// agent's XDS proxy connects there for the proxy.
+const DefaultDiscoveryAddress = "istiod.istio-system.svc:15012"
 
 // LocalDiscoveryAddress is the default outside Kubernetes, where no cluster DNS resolves
 // DefaultDiscoveryAddress: discovery's default listener on the same machine.
-const LocalDiscoveryAddress = "localhost:15010"
+const LocalDiscoveryAddress = "localhost:15012"
 
 // Default returns Istio's default ProxyConfig for a sidecar.
 func Default() *meshconfig.ProxyConfig {

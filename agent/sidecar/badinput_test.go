@@ -4,10 +4,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wasmesh/wasmesh/agent/internal/testca"
 	"github.com/wasmesh/wasmesh/agent/podinfo"
 	"github.com/wasmesh/wasmesh/agent/sidecar"
 )
@@ -88,15 +90,17 @@ func writeAnnotations(t *testing.T, o *sidecar.Options, a map[string]string) {
 // discovery's Service on its plaintext xDS port and a sidecar elsewhere finds discovery's
 // default listener on the same machine, never a cluster-only name through the host's DNS.
 func TestDefaultDiscoveryAddressFollowsWhereTheAgentRuns(t *testing.T) {
+	root := testca.Start(t, time.Hour).RootFile
 	for _, c := range []struct {
 		name, env, host string
 		port            int
 	}{
-		{"outside Kubernetes", "", "localhost", 15010},
-		{"in a pod", "KUBERNETES_SERVICE_HOST=10.96.0.1", "istiod.istio-system.svc", 15010},
+		{"outside Kubernetes", "", "localhost", 15012},
+		{"in a pod", "KUBERNETES_SERVICE_HOST=10.96.0.1", "istiod.istio-system.svc", 15012},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			o, _ := options(t, pod{env: []string{"PROXY_CONFIG={}"}})
+			// The XDS proxy's TLS to discovery, the default.
+			o, _ := options(t, pod{env: []string{"PROXY_CONFIG={}", "WASMESH_XDS_PLAINTEXT=false", "XDS_ROOT_CA=" + root}})
 			if c.env != "" {
 				o.Env = append(o.Env, c.env)
 			}
@@ -107,7 +111,8 @@ func TestDefaultDiscoveryAddressFollowsWhereTheAgentRuns(t *testing.T) {
 		})
 	}
 	// An address given in ProxyConfig is kept wherever the agent runs, the default's too.
-	o, _ := options(t, pod{env: []string{`PROXY_CONFIG={"discoveryAddress":"istiod.istio-system.svc:15010"}`}})
+	o, _ := options(t, pod{env: []string{`PROXY_CONFIG={"discoveryAddress":"istiod.istio-system.svc:15010"}`,
+		"WASMESH_XDS_PLAINTEXT=false", "XDS_ROOT_CA=" + root}})
 	a, err := sidecar.New(o)
 	require.NoError(t, err)
 	assert.Equal(t, "istiod.istio-system.svc", a.Params().DiscoveryHost)

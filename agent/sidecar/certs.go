@@ -61,12 +61,7 @@ func newCertSource(env map[string]string, o Options, discoveryAddress string, se
 	default:
 		return nil, fmt.Errorf("PILOT_CERT_PROVIDER: %q is not supported (want istiod or none)", p)
 	}
-	token := env[TokenFileEnv]
-	if token == "" && env["KUBERNETES_SERVICE_HOST"] != "" {
-		if _, err := os.Stat(KubernetesTokenFile); err == nil {
-			token = KubernetesTokenFile
-		}
-	}
+	token := caToken(env)
 	if token == "" {
 		return nil, nil
 	}
@@ -88,6 +83,18 @@ func newCertSource(env map[string]string, o Options, discoveryAddress string, se
 	log.Info("workload certificates from the CA", "ca", rc.caAddr, "identity", rc.Identity, "credential", token,
 		"ttl", rc.TTL, "key", rc.KeyType)
 	return &certSource{kind: "ca", run: r.Run, close: func() { client.Close() }}, nil
+}
+
+// caToken is the credential file for discovery (the CA and xDS): WASMESH_CA_TOKEN_FILE,
+// else the projected token in a Kubernetes pod; "" when there is none.
+func caToken(env map[string]string) string {
+	token := env[TokenFileEnv]
+	if token == "" && env["KUBERNETES_SERVICE_HOST"] != "" {
+		if _, err := os.Stat(KubernetesTokenFile); err == nil {
+			token = KubernetesTokenFile
+		}
+	}
+	return token
 }
 
 type caSettings struct {

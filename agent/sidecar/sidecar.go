@@ -41,6 +41,7 @@ import (
 	"github.com/wasmesh/wasmesh/agent/status"
 	"github.com/wasmesh/wasmesh/agent/supervisor"
 	"github.com/wasmesh/wasmesh/agent/workloadcert"
+	"github.com/wasmesh/wasmesh/agent/xdsproxy"
 )
 
 // Options are the agent's inputs. Zero values mean "not given": the ProxyConfig (from
@@ -67,6 +68,9 @@ type Options struct {
 	// SDSSocket is where the agent serves SDS (default Istio's
 	// ./var/run/secrets/workload-spiffe-uds/socket).
 	SDSSocket string
+	// XDSSocket is where the agent's XDS proxy serves the proxy (default Istio's
+	// ./etc/istio/proxy/XDS).
+	XDSSocket string
 	// Env is the agent's environment (os.Environ()).
 	Env []string
 	// Retry is the restart policy (default 10 retries from 200 ms).
@@ -106,6 +110,7 @@ type Agent struct {
 	statusAddr string
 	registry   *prometheus.Registry
 	certs      *certSource
+	xds        *discoveryConn
 	sup        *supervisor.Supervisor
 	draining   atomic.Bool
 }
@@ -141,6 +146,9 @@ func New(o Options) (*Agent, error) {
 	}
 	if o.SDSSocket == "" {
 		o.SDSSocket = sds.DefaultSocketPath
+	}
+	if o.XDSSocket == "" {
+		o.XDSSocket = xdsproxy.DefaultSocketPath
 	}
 	a := &Agent{o: o, log: o.Log, env: bootstrap.EnvMap(o.Env), registry: prometheus.NewRegistry()}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -190,6 +198,12 @@ func New(o Options) (*Agent, error) {
 	in.Version = o.Version
 	if a.params, err = bootstrap.NewParams(in); err != nil {
 		return nil, err
+	}
+	if a.xds, err = newDiscoveryConn(a.env, pc.GetDiscoveryAddress(), served, a.registry, a.log); err != nil {
+		return nil, err
+	}
+	if a.xds.proxy != nil {
+		a.params.XDSSocketPath = o.XDSSocket
 	}
 	a.tmpl = bootstrap.DefaultTemplate()
 	if o.TemplateFile == "" {
@@ -282,8 +296,13 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	quit := make(chan struct{})
 	var quitOnce sync.Once
+	var upstream func() error
+	if a.xds.proxy != nil {
+		upstream = a.xds.proxy.Upstream
+	}
 	srv := status.New(status.Config{
-		Admin: a.admin, ApplicationPorts: a.o.ApplicationPorts,
+		XDSUpstream: upstream,
+		Admin:       a.admin, ApplicationPorts: a.o.ApplicationPorts,
 		Probes: probe.NewHandler(a.probes, a.params.Localhost), AppMetrics: a.appMetrics,
 		Gatherer: a.registry, Draining: a.draining.Load, HotRestarting: a.sup.HotRestarting,
 		Quit:     func() { quitOnce.Do(func() { close(quit) }) },
@@ -308,9 +327,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); reporter.Run(runCtx) }()
 	go func() { defer wg.Done(); a.reportHealth(runCtx, srv, reporter) }()
 
+	spawn := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 	if a.certs != nil {
-		spawn := func(f func()) { wg.Add(1); go func() { defer wg.Done(); f() }() }
 		if err := a.serveSDS(runCtx, spawn); err != nil {
+			return err
+		}
+	}
+	if a.xds.proxy != nil {
+		if err := a.serveXDS(runCtx, spawn); err != nil {
 			return err
 		}
 	}
@@ -395,7 +419,7 @@ func (a *Agent) healthReporter() (*healthreport.Reporter, error) {
 	}
 	node := &corev3.Node{Id: a.params.NodeID, Cluster: a.params.Cluster, Metadata: meta}
 	addr := net.JoinHostPort(a.params.DiscoveryHost, strconv.Itoa(a.params.DiscoveryPort))
-	return healthreport.New(addr, node, a.log), nil
+	return healthreport.New(addr, node, a.log, a.xds.dial...), nil
 }
 
 // reportHealth checks the pod's health every HealthPeriod until ctx ends: ready (as

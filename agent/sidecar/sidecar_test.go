@@ -84,6 +84,8 @@ func options(t testing.TB, p pod) (sidecar.Options, *running) {
 		"POD_NAME=web-5d9c7b6f4-x7k2p", "POD_NAMESPACE=shop", "SERVICE_ACCOUNT=web",
 		"INSTANCE_IP=" + ip, "WASMESH_LOCALHOST=" + ip, "WASMESH_WILDCARD=" + ip,
 		"ISTIO_META_INTERCEPTION_MODE=NONE", fmt.Sprintf("WASMESH_BASE_ID=%d", proxytest.BaseID()),
+		// The test discovery is plaintext on loopback (xds_test.go runs the XDS proxy).
+		"WASMESH_XDS_PLAINTEXT=true",
 	}, p.env...)
 	if !hasPrefix(env, "PROXY_CONFIG=") {
 		pc := fmt.Sprintf(`"discoveryAddress":%q`, disc.Addr())

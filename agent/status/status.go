@@ -46,6 +46,12 @@ type Config struct {
 	// HotRestarting reports whether a new proxy epoch is initializing while the previous
 	// one, live, still serves (supervisor.HotRestarting); the pod stays ready meanwhile.
 	HotRestarting func() bool
+	// XDSUpstream, when the agent runs the XDS proxy, is nil while the proxy's
+	// configuration stream reaches discovery, else why not (xdsproxy.Proxy.Upstream). It
+	// explains a pod not ready for want of configuration; it does not by itself make a
+	// configured pod unready (Envoy keeps serving its last configuration while discovery
+	// is away, as with Istio's agent).
+	XDSUpstream func() error
 	// Quit asks the agent to stop, as SIGTERM does.
 	Quit func()
 	Log  *slog.Logger
@@ -119,6 +125,11 @@ func (s *Server) Ready(ctx context.Context) error {
 	err := s.proxyReady(ctx)
 	if err != nil && s.c.HotRestarting != nil && s.c.HotRestarting() {
 		return nil
+	}
+	if err != nil && s.c.XDSUpstream != nil {
+		if up := s.c.XDSUpstream(); up != nil {
+			err = fmt.Errorf("%w; %w", err, up)
+		}
 	}
 	return err
 }

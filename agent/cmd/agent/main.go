@@ -24,6 +24,7 @@ import (
 	"github.com/wasmesh/wasmesh/agent/sidecar"
 	"github.com/wasmesh/wasmesh/agent/wait"
 	"github.com/wasmesh/wasmesh/agent/workloadcert"
+	"github.com/wasmesh/wasmesh/agent/xdsproxy"
 )
 
 // version is set at link time (-ldflags "-X main.version=...").
@@ -73,7 +74,7 @@ func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, *slog.Level
 	cmd := &cobra.Command{
 		Use:   "proxy sidecar",
 		Short: "Run the proxy beside a workload: bootstrap, supervise, serve status, drain on SIGTERM",
-		Long:  sidecarHelp + "\n\n" + sidecar.CertHelp,
+		Long:  sidecarHelp + "\n\n" + sidecar.XDSHelp + "\n\n" + sidecar.CertHelp,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 || args[0] != "sidecar" {
 				return fmt.Errorf("want `agent proxy sidecar`, got %v", args)
@@ -117,6 +118,7 @@ func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, *slog.Level
 	f.DurationVar(&o.CertCheckInterval, "certCheckInterval", certwatch.DefaultInterval, "period of the certificate hash check")
 	f.StringVar(&o.CredentialsDir, "credentialsDir", workloadcert.DefaultCredentialsDir, "mounted workload credentials served by SDS instead of a CSR, when present")
 	f.StringVar(&o.SDSSocket, "sdsSocket", sds.DefaultSocketPath, "Unix socket where the agent serves SDS to the proxy")
+	f.StringVar(&o.XDSSocket, "xdsSocket", xdsproxy.DefaultSocketPath, "Unix socket where the agent's XDS proxy serves the proxy's xDS streams")
 	return cmd
 }
 
@@ -188,8 +190,8 @@ proxy (hot restart on certificate change, restarts within a retry budget), serve
 port (readiness, app probes, merged metrics), and drain the proxy on SIGTERM.
 
 Where discovery is: --discoveryAddress, else ProxyConfig discoveryAddress, else
-istiod.istio-system.svc:15010 in a Kubernetes pod (KUBERNETES_SERVICE_HOST set) and
-localhost:15010 elsewhere, discovery's plaintext xDS port either way.
+istiod.istio-system.svc:15012 in a Kubernetes pod (KUBERNETES_SERVICE_HOST set) and
+localhost:15012 elsewhere, discovery's authenticated TLS port either way.
 
 Environment (Istio's names; the downward API sets the pod's in a pod):
   POD_NAME, POD_NAMESPACE      the pod's name and namespace (node id, workload identity)

@@ -111,7 +111,7 @@ func TestRequest(t *testing.T) {
 
 func TestBadInputExitsNonZeroNamingIt(t *testing.T) {
 	podDir := t.TempDir()
-	base := []string{"POD_NAME=web-1", "POD_NAMESPACE=shop", "INSTANCE_IP=127.0.0.1"}
+	base := []string{"POD_NAME=web-1", "POD_NAMESPACE=shop", "INSTANCE_IP=127.0.0.1", "WASMESH_XDS_PLAINTEXT=true"}
 	cases := map[string]struct {
 		env  []string
 		args []string
@@ -120,6 +120,11 @@ func TestBadInputExitsNonZeroNamingIt(t *testing.T) {
 		"PROXY_CONFIG":   {env: []string{"PROXY_CONFIG=concurrency: [1"}, want: "PROXY_CONFIG"},
 		"missing binary": {args: []string{"--binaryPath", "/nonexistent/envoy"}, want: "--binaryPath"},
 		"bad annotation": {env: []string{"ISTIO_META_INTERCEPTION_MODE=SIDEWAYS"}, want: "ISTIO_META_INTERCEPTION_MODE"},
+		"plaintext xDS off loopback": {env: []string{`PROXY_CONFIG={"discoveryAddress":"istiod.istio-system.svc:15012"}`},
+			want: "WASMESH_XDS_PLAINTEXT: plaintext xDS is only for a discovery on loopback"},
+		"no mesh root for the XDS proxy": {env: []string{"WASMESH_XDS_PLAINTEXT=false", "XDS_ROOT_CA=/nonexistent/root.pem"},
+			want: "the XDS proxy verifies discovery against XDS_ROOT_CA /nonexistent/root.pem"},
+		"bad plaintext switch": {env: []string{"WASMESH_XDS_PLAINTEXT=maybe"}, want: `WASMESH_XDS_PLAINTEXT: "maybe" is not a boolean`},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -153,7 +158,7 @@ func startSidecar(t *testing.T) *sidecarProcess {
 		"--discoveryAddress", discovery.Addr(), "--drainDuration", "1s")
 	cmd.Env = append(os.Environ(), "POD_NAME=web-1", "POD_NAMESPACE=shop", "INSTANCE_IP="+ip,
 		"WASMESH_LOCALHOST="+ip, "WASMESH_WILDCARD="+ip, fmt.Sprintf("WASMESH_BASE_ID=%d", proxytest.BaseID()),
-		`PROXY_CONFIG={"terminationDrainDuration":"0.2s"}`)
+		`PROXY_CONFIG={"terminationDrainDuration":"0.2s"}`, "WASMESH_XDS_PLAINTEXT=true")
 	s := &sidecarProcess{cmd: cmd, ip: ip, dir: dir, logs: &proxytest.Output{},
 		exited: make(chan error, 1), done: make(chan struct{})}
 	cmd.Stderr, cmd.Stdout = s.logs, s.logs
@@ -280,9 +285,10 @@ func TestSidecarHelpListsItsEnvironment(t *testing.T) {
 	code, out, errOut := runAgent(t, nil, "proxy", "sidecar", "--help")
 	require.Equal(t, 0, code, errOut)
 	for _, env := range []string{"POD_NAME", "POD_NAMESPACE", "INSTANCE_IP", "SERVICE_ACCOUNT", "PROXY_CONFIG", "ISTIO_META_",
-		"ISTIO_DELTA_XDS", "ISTIO_KUBE_APP_PROBERS", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "MINIMUM_DRAIN_DURATION", "localhost:15010",
+		"ISTIO_DELTA_XDS", "ISTIO_KUBE_APP_PROBERS", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "MINIMUM_DRAIN_DURATION", "localhost:15012",
 		"WASMESH_CA_TOKEN_FILE", "PILOT_CERT_PROVIDER", "CA_ADDR", "CA_ROOT_CA", "ISTIOD_SAN", "TRUST_DOMAIN", "SECRET_TTL",
-		"SECRET_GRACE_PERIOD_RATIO", "SECRET_GRACE_PERIOD_RATIO_JITTER", "ECC_SIGNATURE_ALGORITHM", "--credentialsDir", "--sdsSocket"} {
+		"SECRET_GRACE_PERIOD_RATIO", "SECRET_GRACE_PERIOD_RATIO_JITTER", "ECC_SIGNATURE_ALGORITHM", "--credentialsDir", "--sdsSocket",
+		"--xdsSocket", "XDS_ROOT_CA", "WASMESH_XDS_PLAINTEXT"} {
 		assert.Contains(t, out, env)
 	}
 }

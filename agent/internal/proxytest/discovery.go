@@ -1,6 +1,8 @@
 package proxytest
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"strconv"
 	"sync"
@@ -15,6 +17,9 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -43,6 +48,7 @@ type Discovery struct {
 	streams map[*adsStream]bool
 	reports []string // "" for healthy
 	node    string
+	callers []Caller
 }
 
 // Config is what discovery gives the proxies.
@@ -58,16 +64,62 @@ type Config struct {
 // StartDiscovery serves a Discovery on a free loopback port until the test ends.
 func StartDiscovery(t testing.TB) *Discovery {
 	t.Helper()
+	return startDiscovery(t)
+}
+
+// StartSecureDiscovery serves a Discovery over TLS as discovery's port 15012 does: cert is
+// its serving certificate, clients may present a certificate of clientRoots, and every
+// stream's bearer token and client certificate identity are recorded (Callers).
+func StartSecureDiscovery(t testing.TB, cert tls.Certificate, clientRoots *x509.CertPool) *Discovery {
+	t.Helper()
+	var d *Discovery
+	record := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		var c Caller
+		md, _ := metadata.FromIncomingContext(ss.Context())
+		if v := md.Get("authorization"); len(v) > 0 {
+			c.Authorization = v[0]
+		}
+		if p, ok := peer.FromContext(ss.Context()); ok {
+			if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 && len(ti.State.PeerCertificates[0].URIs) > 0 {
+				c.Identity = ti.State.PeerCertificates[0].URIs[0].String()
+			}
+		}
+		d.mu.Lock()
+		d.callers = append(d.callers, c)
+		d.mu.Unlock()
+		return handler(srv, ss)
+	}
+	d = startDiscovery(t, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert},
+		ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: clientRoots})), grpc.StreamInterceptor(record))
+	return d
+}
+
+func startDiscovery(t testing.TB, opts ...grpc.ServerOption) *Discovery {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &Discovery{addr: l.Addr().String(), streams: map[*adsStream]bool{}}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, d)
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(srv.Stop)
 	return d
+}
+
+// Caller is who opened a stream to a secure Discovery.
+type Caller struct {
+	// Authorization is the stream's authorization header ("Bearer <token>").
+	Authorization string
+	// Identity is the client certificate's URI SAN ("" without a certificate).
+	Identity string
+}
+
+// Callers is every stream's caller so far, in order.
+func (d *Discovery) Callers() []Caller {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]Caller(nil), d.callers...)
 }
 
 // Addr is the discovery address (ProxyConfig discoveryAddress).
