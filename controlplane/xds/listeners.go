@@ -317,7 +317,7 @@ func inboundFilters(v *View, in Inbound) []*listener.Filter {
 	cluster := InboundClusterName(in.Port)
 	statPrefix := fmt.Sprintf("inbound_0.0.0.0_%d", in.Port)
 	if !in.Protocol.IsHTTP() {
-		return []*listener.Filter{tcpProxy(cluster, cluster)}
+		return append(authzNetworkFilters(v), tcpProxy(cluster, cluster))
 	}
 	rc := &route.RouteConfiguration{
 		Name:             cluster,
@@ -340,13 +340,14 @@ func firstHost(hosts []string) string {
 
 // httpFilters is the HTTP filter chain of a listener. The proxy's WasmPlugins that select the listener (port: the service port outbound, the
 // workload port inbound) come first, by phase and priority, each configured through ECDS;
+// inbound, the RBAC filters of AuthorizationPolicies go before the STATS phase's (authz.go);
 // then fault and CORS, which routes configure per route (typed_per_filter_config) and which
 // do nothing on routes that do not; then the router: Istio's order. EnvoyFilter patches apply
 // to the finished listener.
 func httpFilters(v *View, dir Direction, port uint32) []*hcm.HttpFilter {
 	e := extensionsOf(v)
 	inbound := dir == DirInbound
-	return append(wasmplugin.Filters(e.plugins, inbound, port, e.filterName(inbound)),
+	return append(authzHTTPFilters(v, inbound, port, wasmplugin.Filters(e.plugins, inbound, port, e.filterName(inbound))),
 		&hcm.HttpFilter{Name: FaultFilter, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&fault.HTTPFault{})}},
 		&hcm.HttpFilter{Name: CorsFilter, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&cors.Cors{})}},
 		&hcm.HttpFilter{Name: wellknown.Router, ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: mustAny(&router.Router{})}},
