@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -182,4 +183,85 @@ func TestMutualTLSBetweenProxies(t *testing.T) {
 	mp.b.Eventually(5*time.Second, "three failed handshakes counted", func() bool {
 		return mp.b.Stat("listener.strict.ssl.connection_error") >= 3
 	})
+}
+
+// TestSecretRotationAndWarming: a listener whose certificate has not arrived warms (the
+// proxy stays INITIALIZING, as Envoy's init manager waits for the SDS subscription) and
+// becomes active when the agent serves it; a new certificate is taken by new handshakes
+// while a request on a connection made before it completes.
+func TestSecretRotationAndWarming(t *testing.T) {
+	p := newPKI(t)
+	app := newUpstream(t, "app", false, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			time.Sleep(1500 * time.Millisecond)
+		}
+		_, _ = io.WriteString(w, "done "+r.URL.Path)
+	})
+	sdsServer, path := startSDS(t, nil)
+	cp := newControlPlane(t, "")
+	cp.set("v1", map[resourcev3.Type][]types.Resource{
+		resourcev3.ClusterType:  {edsCluster("app")},
+		resourcev3.EndpointType: {endpoints("app", addr(app))},
+		resourcev3.ListenerType: {inboundListener(t, "strict", "r-in", false)},
+		resourcev3.RouteType:    {routeTo("r-in", "app")},
+	})
+	px := proxytest.Start(t, proxytest.Options{Bootstrap: sdsBootstrap(cp.addr, path), NoWait: true})
+	px.Eventually(10*time.Second, "the listener warming for its secrets", func() bool {
+		return px.Stat("listener_manager.total_listeners_warming") == 1
+	})
+	time.Sleep(500 * time.Millisecond)
+	code, _ := px.Get("/ready")
+	assert.Equal(t, 503, code, "still initializing without the certificate")
+	assert.Equal(t, int64(0), px.Stat("listener_manager.total_listeners_active"))
+
+	first := p.bundle(t, "b", time.Now(), time.Hour)
+	require.NoError(t, sdsServer.Update(first))
+	px.WaitReady(10 * time.Second)
+	client := p.bundle(t, "a", time.Now(), time.Hour)
+	var mu sync.Mutex
+	var seen []string
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		Certificates: clientCert(client), InsecureSkipVerify: true, //nolint:gosec // a test peer
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			mu.Lock()
+			seen = append(seen, cs.PeerCertificates[0].SerialNumber.String())
+			mu.Unlock()
+			return nil
+		}}}}
+	t.Cleanup(hc.CloseIdleConnections)
+	base := "https://" + px.ListenerAddr("strict")
+
+	slow := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", base+"/slow", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			slow <- result{body: err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		slow <- result{code: resp.StatusCode, body: string(b)}
+	}()
+	time.Sleep(300 * time.Millisecond) // the slow request is in flight on the first certificate
+	second := p.bundle(t, "b", time.Now(), time.Hour)
+	require.NoError(t, sdsServer.Update(second))
+	px.Eventually(5*time.Second, "the new certificate on new connections", func() bool {
+		c, err := tls.Dial("tcp", px.ListenerAddr("strict"), &tls.Config{Certificates: clientCert(client), InsecureSkipVerify: true}) //nolint:gosec // a test peer
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.Cmp(second.Leaf.SerialNumber) == 0
+	})
+	r := do(t, hc, "GET", base+"/fast", "", nil) // the pool's connection is busy: a new one
+	assert.Equal(t, "done /fast", r.body)
+	s := <-slow
+	assert.Equal(t, 200, s.code)
+	assert.Equal(t, "done /slow", s.body, "the request on the old connection completes")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seen, 2)
+	assert.Equal(t, first.Leaf.SerialNumber.String(), seen[0])
+	assert.Equal(t, second.Leaf.SerialNumber.String(), seen[1])
 }
