@@ -77,18 +77,21 @@ func New(c Config) *Server {
 		Timeout:   5 * time.Second,
 		Transport: &http.Transport{DisableKeepAlives: true},
 	}}
-	s.mux.HandleFunc("/healthz/ready", s.ready)
-	s.mux.HandleFunc("/stats/prometheus", s.metrics)
-	s.mux.HandleFunc("/quitquitquit", s.quit)
+	// As pilot-agent's status server: pages that only read answer GET (and HEAD) from
+	// anyone who reaches the port (kubelet probes, Prometheus); what changes the agent's
+	// state or exposes its internals answers only requests from the pod itself.
+	s.mux.HandleFunc("/healthz/ready", readOnly(s.ready))
+	s.mux.HandleFunc("/stats/prometheus", readOnly(s.metrics))
+	s.mux.HandleFunc("/quitquitquit", localOnly(s.quit))
 	if c.Probes != nil {
-		s.mux.Handle("/app-health/", c.Probes)
+		s.mux.HandleFunc("/app-health/", readOnly(c.Probes.ServeHTTP))
 	}
-	s.mux.HandleFunc("/debug/pprof/", pprof.Index)
-	s.mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	s.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	s.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	s.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	s.mux.HandleFunc("/debug/config_dump", s.configDump)
+	s.mux.HandleFunc("/debug/pprof/", localOnly(readOnly(pprof.Index)))
+	s.mux.HandleFunc("/debug/pprof/cmdline", localOnly(readOnly(pprof.Cmdline)))
+	s.mux.HandleFunc("/debug/pprof/profile", localOnly(readOnly(pprof.Profile)))
+	s.mux.HandleFunc("/debug/pprof/symbol", localOnly(readOnly(pprof.Symbol)))
+	s.mux.HandleFunc("/debug/pprof/trace", localOnly(readOnly(pprof.Trace)))
+	s.mux.HandleFunc("/debug/config_dump", localOnly(readOnly(s.configDump)))
 	if c.LogLevel != nil {
 		s.mux.HandleFunc("/debug/logging", s.logging)
 	}
@@ -252,14 +255,40 @@ func (s *Server) appMetrics(ctx context.Context) []*dto.MetricFamily {
 	return fams
 }
 
+// readOnly answers GET and HEAD with h, any other method 405.
+func readOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, r.Method+" not allowed: this page only reads (GET)", http.StatusMethodNotAllowed)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// localOnly answers requests from a loopback peer with h, others 403 (Istio checks the
+// peer address the same way).
+func localOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !fromLocalhost(r) {
+			http.Error(w, "only requests from localhost are allowed", http.StatusForbidden)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func fromLocalhost(r *http.Request) bool {
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 func (s *Server) quit(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
-		return
-	}
-	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		http.Error(w, "only from the pod itself", http.StatusForbidden)
 		return
 	}
 	s.c.Log.Info("quit requested on the status port")
@@ -272,10 +301,16 @@ func (s *Server) quit(w http.ResponseWriter, r *http.Request) {
 // logging shows the agent's log level (GET) or sets it (PUT or POST ?level=debug|info|warn|error),
 // from the pod itself only, like /quitquitquit.
 func (s *Server) logging(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		host, _, _ := net.SplitHostPort(r.RemoteAddr)
-		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-			http.Error(w, "only from the pod itself", http.StatusForbidden)
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodPut, http.MethodPost:
+	default:
+		w.Header().Set("Allow", "GET, HEAD, PUT, POST")
+		http.Error(w, r.Method+" not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		if !fromLocalhost(r) {
+			http.Error(w, "only requests from localhost are allowed", http.StatusForbidden)
 			return
 		}
 		var l slog.Level
