@@ -97,14 +97,18 @@ func (s *store) set(t *testing.T, y string) []config.Key {
 	return keys
 }
 
-// meshPusher runs a pusher over the mesh of meshYAML until the test ends.
-func meshPusher(t *testing.T) (*pusher.Pusher, *store) {
+// meshPusher runs a pusher over the mesh of meshYAML until the test ends, its snapshots
+// with opts (none: the defaults).
+func meshPusher(t *testing.T, opts ...push.Options) (*pusher.Pusher, *store) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st := &store{all: map[config.Key]*config.Config{}, reg: registry.NewServiceEntries(log, metrics.New(prometheus.NewRegistry()))}
 	st.set(t, meshYAML())
-	p := pusher.New(log, metrics.New(prometheus.NewRegistry()), push.DebounceOptions{After: time.Millisecond, Max: time.Second, EnableEDS: true},
-		pusher.Deps{Registry: registry.NewAggregate(st.reg), Configs: st, Mesh: mesh.Default})
+	deps := pusher.Deps{Registry: registry.NewAggregate(st.reg), Configs: st, Mesh: mesh.Default}
+	if len(opts) > 0 {
+		deps.Options = opts[0]
+	}
+	p := pusher.New(log, metrics.New(prometheus.NewRegistry()), push.DebounceOptions{After: time.Millisecond, Max: time.Second, EnableEDS: true}, deps)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()

@@ -146,6 +146,13 @@ func (p *Pusher) build(r *push.Request) *xds.Snapshot {
 				full = true
 				break
 			}
+			// With mTLS, clusters carry their endpoints' identities as SANs: a change of
+			// those needs CDS too (istiod's EDS update is a full push when service accounts
+			// change).
+			if cur.Options.MTLS && xds.IdentitiesChanged(cur.Snapshot, p.deps.Registry, h) {
+				full = true
+				break
+			}
 		}
 	}
 	var snap *xds.Snapshot

@@ -18,6 +18,8 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/model"
+	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/registry"
 )
 
 // Mutual TLS between workloads (issue 27), generated only when the snapshot's MTLS option
@@ -183,6 +185,23 @@ func serviceIdentities(v *View, svc *model.Service) []string {
 	for _, c := range v.Snapshot.Configs.Namespace(config.ServiceEntry, svc.Namespace) {
 		if se := c.Spec.(*networking.ServiceEntry); c.Name == svc.Name && slices.Contains(se.GetHosts(), svc.Hostname) {
 			out = append(out, se.GetSubjectAltNames()...)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// IdentitiesChanged reports whether the service accounts of host's endpoints in reg differ
+// from those snap holds.
+func IdentitiesChanged(snap *push.Snapshot, reg registry.Registry, host string) bool {
+	return !slices.Equal(accounts(snap.Endpoints(host)), accounts(reg.Endpoints(host)))
+}
+
+func accounts(eps []*model.Endpoint) []string {
+	var out []string
+	for _, ep := range eps {
+		if ep.ServiceAccount != "" {
+			out = append(out, ep.Namespace+"/"+ep.ServiceAccount)
 		}
 	}
 	slices.Sort(out)

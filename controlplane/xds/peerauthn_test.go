@@ -1,0 +1,67 @@
+package xds_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/wasmesh/wasmesh/controlplane/xds"
+)
+
+// The policies of a mesh whose root namespace is "mesh-root" (MeshConfig.rootNamespace):
+// a mesh-wide STRICT there, a workload policy there that only selects workloads of the root
+// namespace, "open" PERMISSIVE for its namespace with a workload policy whose own mode is
+// UNSET, and "plain" with a namespace policy of UNSET mode (inheriting the mesh's).
+const peerPolicies = `
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: mesh, namespace: mesh-root}
+spec: {mtls: {mode: STRICT}}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: gateway, namespace: mesh-root}
+spec: {selector: {matchLabels: {app: gw}}, mtls: {mode: DISABLE}}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: ns, namespace: open}
+spec: {mtls: {mode: PERMISSIVE}}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: db, namespace: open}
+spec: {selector: {matchLabels: {app: db}}, portLevelMtls: {5432: {mode: DISABLE}, 5433: {mode: UNSET}}}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: ns, namespace: plain}
+spec: {}
+`
+
+func TestPeerAuthenticationLevels(t *testing.T) {
+	snap := snapshotOf(t, peerPolicies)
+	snap.Mesh.RootNamespace = "mesh-root"
+	cases := []struct {
+		name   string
+		ns     string
+		labels map[string]string
+		port   uint32
+		want   xds.MTLSMode
+	}{
+		{"the mesh's", "elsewhere", map[string]string{"app": "gw"}, 80, xds.MTLSStrict},
+		{"a root namespace selector selects there", "mesh-root", map[string]string{"app": "gw"}, 80, xds.MTLSDisable},
+		{"the namespace's over the mesh's", "open", map[string]string{"app": "web"}, 80, xds.MTLSPermissive},
+		{"a workload's UNSET inherits the namespace's", "open", map[string]string{"app": "db"}, 80, xds.MTLSPermissive},
+		{"a port level mode", "open", map[string]string{"app": "db"}, 5432, xds.MTLSDisable},
+		{"a port level UNSET inherits", "open", map[string]string{"app": "db"}, 5433, xds.MTLSPermissive},
+		{"a namespace's UNSET inherits the mesh's", "plain", nil, 80, xds.MTLSStrict},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, xds.PeerAuthenticationFor(snap, tc.ns, tc.labels).Port(tc.port))
+		})
+	}
+	snap.Mesh.RootNamespace = "other-root"
+	assert.Equal(t, xds.MTLSPermissive, xds.PeerAuthenticationFor(snap, "elsewhere", nil).Mode, "nothing set anywhere")
+}
