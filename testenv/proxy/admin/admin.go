@@ -35,6 +35,8 @@ type Backend interface {
 	// ConfigDump is the /config_dump document (JSON).
 	// resource narrows it to one repeated field (?resource=), mask trims it (?mask=).
 	ConfigDump(resource, mask string, includeEDS bool) ([]byte, error)
+	// Certs is the /certs document (JSON, Envoy's admin.v3.Certificates).
+	Certs() ([]byte, error)
 	// DrainListeners starts draining (graceful) or closes the listeners now.
 	DrainListeners(inboundOnly, graceful bool)
 	// SetHealthCheckFailed is /healthcheck/fail (true) and /healthcheck/ok (false).
@@ -125,6 +127,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/listeners", s.listeners)
 	s.mux.HandleFunc("/clusters", s.clusters)
 	s.mux.HandleFunc("/config_dump", s.configDump)
+	s.mux.HandleFunc("/certs", s.certs)
 	s.mux.HandleFunc("/stats", s.stats)
 	s.mux.HandleFunc("/stats/prometheus", s.prometheus)
 	s.mux.HandleFunc("/drain_listeners", post(s.drainListeners))
@@ -177,7 +180,7 @@ func (s *Server) help(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("content-type", "text/plain; charset=UTF-8")
-	for _, p := range []string{"/clusters", "/config_dump", "/drain_listeners", "/healthcheck/fail", "/healthcheck/ok",
+	for _, p := range []string{"/certs", "/clusters", "/config_dump", "/drain_listeners", "/healthcheck/fail", "/healthcheck/ok",
 		"/listeners", "/logging", "/quitquitquit", "/ready", "/server_info", "/stats", "/stats/prometheus"} {
 		_, _ = fmt.Fprintln(w, "  "+p)
 	}
@@ -197,6 +200,16 @@ func writeJSON(w http.ResponseWriter, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", " ")
 	_ = enc.Encode(v)
+}
+
+func (s *Server) certs(w http.ResponseWriter, _ *http.Request) {
+	b, err := s.backend.Certs()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("content-type", "application/json")
+	_, _ = w.Write(b)
 }
 
 func (s *Server) serverInfo(w http.ResponseWriter, _ *http.Request) {

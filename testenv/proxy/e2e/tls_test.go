@@ -3,7 +3,9 @@ package e2e
 import (
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -214,9 +216,42 @@ func TestSecretRotationAndWarming(t *testing.T) {
 	assert.Equal(t, 503, code, "still initializing without the certificate")
 	assert.Equal(t, int64(0), px.Stat("listener_manager.total_listeners_active"))
 
+	_, dump := px.Get("/config_dump")
+	assert.Contains(t, dump, `"dynamic_warming_secrets"`)
+	assert.NotContains(t, dump, `"dynamic_active_secrets"`)
+
 	first := p.bundle(t, "b", time.Now(), time.Hour)
 	require.NoError(t, sdsServer.Update(first))
 	px.WaitReady(10 * time.Second)
+	// The dump shows the secrets Envoy's way, the private key redacted.
+	_, dump = px.Get("/config_dump?resource=dynamic_active_secrets")
+	assert.Contains(t, dump, `"name": "default"`)
+	assert.Contains(t, dump, `"name": "ROOTCA"`)
+	assert.Contains(t, dump, base64.StdEncoding.EncodeToString([]byte("[redacted]")))
+	assert.NotContains(t, dump, base64.StdEncoding.EncodeToString(first.Key)[:40])
+	assert.Contains(t, dump, base64.StdEncoding.EncodeToString(first.CertChain)[:40])
+	// /certs: the listener's TLS context with its CA and its certificate.
+	code, certs := px.Get("/certs")
+	require.Equal(t, 200, code)
+	var doc struct {
+		Certificates []struct {
+			CACert []struct {
+				SerialNumber string `json:"serial_number"`
+			} `json:"ca_cert"`
+			CertChain []struct {
+				SerialNumber    string              `json:"serial_number"`
+				SubjectAltNames []map[string]string `json:"subject_alt_names"`
+				Days            string              `json:"days_until_expiration"`
+			} `json:"cert_chain"`
+		} `json:"certificates"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(certs), &doc), certs)
+	require.Len(t, doc.Certificates, 1)
+	require.NotEmpty(t, doc.Certificates[0].CACert)
+	require.NotEmpty(t, doc.Certificates[0].CertChain)
+	assert.Equal(t, hex.EncodeToString(first.Leaf.SerialNumber.Bytes()), doc.Certificates[0].CertChain[0].SerialNumber)
+	assert.Equal(t, []map[string]string{{"uri": spiffe("b")}}, doc.Certificates[0].CertChain[0].SubjectAltNames)
+	assert.NotContains(t, px.Stderr()+px.Stdout(), "PRIVATE KEY", "secrets are never logged")
 	client := p.bundle(t, "a", time.Now(), time.Hour)
 	var mu sync.Mutex
 	var seen []string

@@ -72,6 +72,17 @@ func (l *Listener) secretProviders() []*sds.Provider {
 	return out
 }
 
+// TLSContexts are the listener's TLS contexts (admin /certs).
+func (l *Listener) TLSContexts() []tlsctx.Context {
+	var out []tlsctx.Context
+	for _, c := range append(append([]*filterChain(nil), l.chains...), l.defaultChain) {
+		if c != nil && c.tls != nil {
+			out = append(out, c.tls)
+		}
+	}
+	return out
+}
+
 // secretsReady: every secret of the listener arrived (or its initial fetch timed out).
 func (l *Listener) secretsReady() bool {
 	for _, p := range l.secretProviders() {

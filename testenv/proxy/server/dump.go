@@ -179,7 +179,7 @@ func (s *Server) ConfigDump(resource, mask string, includeEDS bool) ([]byte, err
 		ecds.EcdsFilters = append(ecds.EcdsFilters, &adminv3.EcdsConfigDump_EcdsFilterConfig{
 			VersionInfo: m.version, EcdsFilter: mustAny(m.proto.(*corev3.TypedExtensionConfig)), LastUpdated: timestamppb.New(m.at)})
 	}
-	dumps := []proto.Message{boot, clusters, ecds, listeners, routes}
+	dumps := []proto.Message{boot, clusters, ecds, listeners, routes, s.secretsDump()}
 	if includeEDS {
 		eds := &adminv3.EndpointsConfigDump{}
 		for _, n := range sortedNames(dyn[xdsclient.EDS]) {

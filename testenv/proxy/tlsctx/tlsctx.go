@@ -83,6 +83,15 @@ func (c *common) Ready() bool {
 	return true
 }
 
+// Context is a compiled TLS context of either side.
+type Context interface {
+	// Secrets are the certificate providers and the validation context's (nil without).
+	Secrets() (certs []*sds.Provider, validation *sds.Provider)
+}
+
+// Secrets implements Context.
+func (c *common) Secrets() ([]*sds.Provider, *sds.Provider) { return c.certs, c.validation }
+
 // Stats returns the context's ssl.* statistics.
 func (c *common) Stats() *Stats { return c.st }
 

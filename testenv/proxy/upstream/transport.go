@@ -84,6 +84,20 @@ func (t *transports) providers() []*sds.Provider {
 	return out
 }
 
+// TLSContexts are the cluster's TLS contexts (admin /certs).
+func (c *Cluster) TLSContexts() []tlsctx.Context {
+	var out []tlsctx.Context
+	if c.transports.def != nil {
+		out = append(out, c.transports.def)
+	}
+	for _, m := range c.transports.matches {
+		if m.tls != nil {
+			out = append(out, m.tls)
+		}
+	}
+	return out
+}
+
 // ready: every secret's initialization ended.
 func (t *transports) ready() bool {
 	for _, p := range t.providers() {
