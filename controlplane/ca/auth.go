@@ -47,6 +47,13 @@ func (s *Server) Authenticate(ctx context.Context) (Caller, error) {
 	return c, nil
 }
 
+// AuthenticateToken checks a bearer token (a Kubernetes service-account token for audience
+// istio-ca, or a local-mesh credential) with the CA's rules, for callers that are not gRPC
+// (discovery's HTTP admin endpoints).
+func (s *Server) AuthenticateToken(ctx context.Context, token string) (Caller, error) {
+	return s.fromToken(ctx, token)
+}
+
 // authenticate is Authenticate for the certificate service, which counts and logs refusals.
 func (s *Server) authenticate(ctx context.Context, a *Authority, trustDomain string) (Identity, error) {
 	c, errs := s.identify(ctx, a, trustDomain)

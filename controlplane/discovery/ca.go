@@ -96,7 +96,7 @@ func (d *Discovery) caServer(kc kubernetes.Interface) error {
 	if err != nil {
 		return err
 	}
-	d.secureCerts = certs
+	d.secureCerts, d.certService = certs, srv
 	// A client certificate is asked for, not required: a workload renewing shows its own,
 	// one getting its first certificate shows a token; the services check either. ADS is
 	// served here too, as istiod does, every stream authenticated with the CA's rules.

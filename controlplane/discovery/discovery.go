@@ -24,7 +24,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/wasmesh/wasmesh/controlplane/ca"
-	"github.com/wasmesh/wasmesh/controlplane/debug"
 	"github.com/wasmesh/wasmesh/controlplane/inject"
 	"github.com/wasmesh/wasmesh/controlplane/leader"
 	"github.com/wasmesh/wasmesh/controlplane/logging"
@@ -129,6 +128,7 @@ type Discovery struct {
 	caBundles    []*webhook.CABundlePatcher
 	rootCMs      *ca.RootPublisher
 	secureCerts  *webhook.GeneratedCerts
+	certService  *ca.Server // authenticates admin requests' bearer credentials (nil: none)
 	secureGRPC   *grpc.Server
 	secureLis    net.Listener
 
@@ -365,16 +365,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 	d.runCA(ctx, goRun, grace)
 	d.runSingletons(ctx, goRun, grace)
 	if d.httpLis != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/", debug.Handler(debug.Deps{
-			Pusher: d.Pusher, Server: d.Server, Configs: d.State, Objects: d.objects, Documents: d.documents, Mesh: d.Mesh, Registry: d.State.Registry,
-			Workloads: d.State.Entries.Workloads, Gatherer: d.Reg, NotInForce: d.State.Entries.NotInForce, Extensions: d.extensionStatus,
-		}))
-		if d.opts.LogLevels != nil {
-			mux.Handle("/debug/logging", d.opts.LogLevels.Handler())
-		}
-		mux.Handle("/debug/leader", d.leaderHandler())
-		h := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		h := &http.Server{Handler: d.adminMux(), ReadHeaderTimeout: 10 * time.Second}
 		goRun("http", func() error {
 			errc := make(chan error, 1)
 			go func() { errc <- h.Serve(d.httpLis) }()

@@ -55,13 +55,13 @@ spec:
 `
 
 type env struct {
-	t   *testing.T
+	t   *testing.T // nil in benchmarks
 	dir string
 	d   *discovery.Discovery
 	cc  *grpc.ClientConn
 }
 
-func start(t *testing.T, files map[string]string, tune func(*discovery.Options)) *env {
+func start(t testing.TB, files map[string]string, tune func(*discovery.Options)) *env {
 	t.Helper()
 	dir := t.TempDir()
 	for name, data := range files {
@@ -92,7 +92,8 @@ func start(t *testing.T, files map[string]string, tune func(*discovery.Options))
 		require.NoError(t, <-done)
 	})
 	require.Eventually(t, d.Server.Ready, 10*time.Second, time.Millisecond)
-	return &env{t: t, dir: dir, d: d, cc: cc}
+	tt, _ := t.(*testing.T)
+	return &env{t: tt, dir: dir, d: d, cc: cc}
 }
 
 func (e *env) write(name, data string) {
