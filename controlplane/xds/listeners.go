@@ -362,6 +362,9 @@ func httpConnectionManager(v *View, statPrefix string, dir Direction, port uint3
 		// Istio keeps the client's headers and adds its own request id.
 		UseRemoteAddress: wrapperspb.Bool(false),
 	}
+	if dir == DirInbound && mtlsOn(v) {
+		forwardClientCert(m)
+	}
 	switch r := routes.(type) {
 	case *hcm.HttpConnectionManager_Rds:
 		m.RouteSpecifier = r

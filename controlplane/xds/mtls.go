@@ -9,6 +9,7 @@ import (
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	tlsinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	rawbuffer "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
@@ -152,6 +153,14 @@ func inboundTLSContext(http bool) *tlsv3.DownstreamTlsContext {
 			}},
 		},
 	}
+}
+
+// forwardClientCert is Istio's default for a sidecar's inbound HTTP (ProxyHeaders): the
+// x-forwarded-client-cert header is appended to and forwarded, with the peer certificate's
+// subject, URI SANs (the SPIFFE identity) and DNS SANs.
+func forwardClientCert(m *hcm.HttpConnectionManager) {
+	m.ForwardClientCertDetails = hcm.HttpConnectionManager_APPEND_FORWARD
+	m.SetCurrentClientCertDetails = &hcm.HttpConnectionManager_SetCurrentClientCertDetails{Subject: wrapperspb.Bool(true), Uri: true, Dns: true}
 }
 
 // SNIFor is Istio's SNI of an in-mesh cluster: outbound_.<port>_.<subset>_.<host>.
