@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -11,9 +12,23 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	rbachttp "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	rbacnet "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/wasmesh/wasmesh/agent/workloadcert"
 	"github.com/wasmesh/wasmesh/testenv/proxy/proxytest"
 )
 
@@ -177,4 +192,97 @@ func TestRBACNetworkFilter(t *testing.T) {
 	assert.Equal(t, int64(1), p.Stat("tcp.rbac.denied"))
 	assert.Equal(t, int64(1), p.Stat("cluster.echo.upstream_cx_total"), "the denied connection never reached upstream")
 	assert.Equal(t, int64(0), p.Stat("tcp.db.downstream_cx_total")-1, "tcp_proxy saw only the allowed connection")
+}
+
+// onlyFrontend is an RBAC ALLOW of the frontend's SPIFFE identity, as the control plane
+// generates it for `from: [{source: {principals: [cluster.local/ns/default/sa/frontend]}}]`;
+// sni, when set, is required too.
+func onlyFrontend(t *testing.T, sni string) *rbacv3.RBAC {
+	t.Helper()
+	perm := `{"any": true}`
+	if sni != "" {
+		perm = `{"requestedServerName": {"exact": "` + sni + `"}}`
+	}
+	r := &rbacv3.RBAC{}
+	require.NoError(t, protojson.Unmarshal([]byte(`{"action": "ALLOW", "policies": {"ns[default]-policy[frontend]-rule[0]": {
+	  "permissions": [`+perm+`], "principals": [{"authenticated": {"principalName": {"exact": "`+spiffe("frontend")+`"}}}]}}}`), r))
+	return r
+}
+
+// TestRBACWithClientCertificates: mutual TLS listeners with certificates from the agent's
+// SDS; the RBAC filters read the caller's identity from its certificate.
+func TestRBACWithClientCertificates(t *testing.T) {
+	pk := newPKI(t)
+	now := time.Now()
+	frontend, other := pk.bundle(t, "frontend", now, time.Hour), pk.bundle(t, "other", now, time.Hour)
+	app := newUpstream(t, "app", false, nil)
+	echo := echoServer(t, "echo")
+	_, sdsPath := startSDS(t, pk.bundle(t, "web", now, time.Hour))
+	dtc := transportSocket(t, &tlsv3.DownstreamTlsContext{RequireClientCertificate: wrapperspb.Bool(true),
+		CommonTlsContext: meshTLS([]string{"http/1.1"})})
+
+	httpRBAC, err := anypb.New(&rbachttp.RBAC{Rules: onlyFrontend(t, "")})
+	require.NoError(t, err)
+	web := httpListener(t, "web", "r-in", corev3.TrafficDirection_INBOUND,
+		&hcmv3.HttpFilter{Name: "envoy.filters.http.rbac", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: httpRBAC}})
+	web.FilterChains[0].TransportSocket = dtc
+
+	netRBAC, err := anypb.New(&rbacnet.RBAC{StatPrefix: "tcp.", Rules: onlyFrontend(t, "db.local")})
+	require.NoError(t, err)
+	proxy, err := anypb.New(&tcpv3.TcpProxy{StatPrefix: "db", ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: "echo"}})
+	require.NoError(t, err)
+	db := &listenerv3.Listener{Name: "db", TrafficDirection: corev3.TrafficDirection_INBOUND,
+		Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+			Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 0}}}},
+		FilterChains: []*listenerv3.FilterChain{{TransportSocket: dtc, Filters: []*listenerv3.Filter{
+			{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: netRBAC}},
+			{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: proxy}}}}}}
+
+	cp := newControlPlane(t, "")
+	cp.set("v1", map[resourcev3.Type][]types.Resource{
+		resourcev3.ClusterType:  {edsCluster("app"), edsCluster("echo")},
+		resourcev3.EndpointType: {endpoints("app", addr(app)), endpoints("echo", echo)},
+		resourcev3.ListenerType: {web, db},
+		resourcev3.RouteType:    {routeTo("r-in", "app")},
+	})
+	p := proxytest.Start(t, proxytest.Options{Bootstrap: sdsBootstrap(cp.addr, sdsPath), NoWait: true})
+	p.WaitReady(20 * time.Second)
+
+	https := func(b *workloadcert.Bundle) *http.Client {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{Certificates: clientCert(b), InsecureSkipVerify: true}} //nolint:gosec // a test peer
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	}
+	r := do(t, https(frontend), "GET", "https://"+p.ListenerAddr("web")+"/", "", nil)
+	assert.Equal(t, 200, r.code)
+	assert.Equal(t, "hello from app", r.body)
+	r = do(t, https(other), "GET", "https://"+p.ListenerAddr("web")+"/", "", nil)
+	assert.Equal(t, 403, r.code, "another workload's certificate")
+	assert.Equal(t, "RBAC: access denied", r.body)
+	assert.Equal(t, int64(1), p.Stat("http.web.rbac.allowed"))
+	assert.Equal(t, int64(1), p.Stat("http.web.rbac.denied"))
+
+	roundTrip := func(b *workloadcert.Bundle, sni string) (string, error) {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", p.ListenerAddr("db"),
+			&tls.Config{Certificates: clientCert(b), InsecureSkipVerify: true, ServerName: sni}) //nolint:gosec // a test peer
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := fmt.Fprintln(c, "q"); err != nil {
+			return "", err
+		}
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	got, err := roundTrip(frontend, "db.local")
+	require.NoError(t, err)
+	assert.Equal(t, "echo:q\n", got)
+	_, err = roundTrip(other, "db.local")
+	assert.Error(t, err, "another identity: closed after the handshake")
+	_, err = roundTrip(frontend, "other.local")
+	assert.Error(t, err, "the right identity asking for another server name")
+	assert.Equal(t, int64(1), p.Stat("tcp.rbac.allowed"))
+	assert.Equal(t, int64(2), p.Stat("tcp.rbac.denied"))
+	assert.Equal(t, int64(1), p.Stat("cluster.echo.upstream_cx_total"), "only the allowed connection went upstream")
 }
