@@ -74,8 +74,10 @@ func newMeshPair(t *testing.T, appHandler http.HandlerFunc) *meshPair {
 	cpB.set("v1", map[resourcev3.Type][]types.Resource{
 		resourcev3.ClusterType:  {edsCluster("app")},
 		resourcev3.EndpointType: {endpoints("app", addr(mp.app))},
-		resourcev3.ListenerType: {inboundListener(t, "strict", "r-in", false), inboundListener(t, "permissive", "r-in", true)},
-		resourcev3.RouteType:    {routeTo("r-in", "app")},
+		resourcev3.ListenerType: {withAccessLog(t, inboundListener(t, "strict", "r-in", false),
+			"INLOG sni=%REQUESTED_SERVER_NAME% v=%DOWNSTREAM_TLS_VERSION% peer=%DOWNSTREAM_PEER_URI_SAN% local=%DOWNSTREAM_LOCAL_URI_SAN%"),
+			inboundListener(t, "permissive", "r-in", true)},
+		resourcev3.RouteType: {routeTo("r-in", "app")},
 	})
 	mp.b = proxytest.Start(t, proxytest.Options{Bootstrap: sdsBootstrap(cpB.addr, bPath), NoWait: true})
 	mp.b.WaitReady(20 * time.Second)
@@ -87,7 +89,8 @@ func newMeshPair(t *testing.T, appHandler http.HandlerFunc) *meshPair {
 		resourcev3.ClusterType: {mtlsCluster(t, "b", spiffe("b")), mtlsCluster(t, "b-badsan", spiffe("not-b")), edsCluster("b-plain")},
 		resourcev3.EndpointType: {istioEndpoints("b", mp.strict), istioEndpoints("b-badsan", mp.strict),
 			endpoints("b-plain", mp.strict)},
-		resourcev3.ListenerType: {httpListener(t, "out", "r-out", corev3.TrafficDirection_OUTBOUND),
+		resourcev3.ListenerType: {withAccessLog(t, httpListener(t, "out", "r-out", corev3.TrafficDirection_OUTBOUND),
+			"OUTLOG v=%UPSTREAM_TLS_VERSION% peer=%UPSTREAM_PEER_URI_SAN% cipher=%UPSTREAM_TLS_CIPHER%"),
 			httpListener(t, "badsan", "r-bad", corev3.TrafficDirection_OUTBOUND),
 			httpListener(t, "plain", "r-plain", corev3.TrafficDirection_OUTBOUND)},
 		resourcev3.RouteType: {routeTo("r-out", "b"), routeTo("r-bad", "b-badsan"), routeTo("r-plain", "b-plain")},
@@ -146,6 +149,13 @@ func TestMutualTLSBetweenProxies(t *testing.T) {
 	assert.Equal(t, int64(1), mp.a.Stat("cluster.b.ssl.versions.TLSv1_2"), "Envoy's clients stop at TLS 1.2 by default")
 	assert.Equal(t, int64(1), mp.b.Stat("listener.strict.ssl.versions.TLSv1_2"))
 	assert.Equal(t, int64(1), mp.a.Stat("cluster.b.transport_socket_match.tlsMode-istio.total_match_count"))
+	// The TLS of both connections, in the access logs.
+	mp.b.Eventually(5*time.Second, "b's access log", func() bool {
+		return strings.Contains(mp.b.Stdout(), "INLOG sni=outbound_.80_._.b.default.svc.cluster.local v=TLSv1.2 peer="+spiffe("a")+" local="+spiffe("b"))
+	})
+	mp.a.Eventually(5*time.Second, "a's access log", func() bool {
+		return strings.Contains(mp.a.Stdout(), "OUTLOG v=TLSv1.2 peer="+spiffe("b")+" cipher=ECDHE-ECDSA-")
+	})
 
 	// The server's certificate names another identity than the cluster expects.
 	r = do(t, c, "GET", "http://"+mp.a.ListenerAddr("badsan")+"/", "", nil)

@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	filev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	tlsinspv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -189,3 +191,24 @@ func istioEndpoints(name string, addrs ...string) *endpointv3.ClusterLoadAssignm
 
 // clientCert is the tls.Certificate of a bundle, for Go clients playing a peer.
 func clientCert(b *workloadcert.Bundle) []tls.Certificate { return []tls.Certificate{*b.TLS} }
+
+// withAccessLog adds a stdout access log with the given text format to the connection
+// manager of every filter chain of l.
+func withAccessLog(t *testing.T, l *listenerv3.Listener, format string) *listenerv3.Listener {
+	t.Helper()
+	fal, err := anypb.New(&filev3.FileAccessLog{Path: "/dev/stdout", AccessLogFormat: &filev3.FileAccessLog_LogFormat{
+		LogFormat: &corev3.SubstitutionFormatString{Format: &corev3.SubstitutionFormatString_TextFormatSource{
+			TextFormatSource: &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: format + "\n"}}}}}})
+	require.NoError(t, err)
+	for _, fc := range l.GetFilterChains() {
+		f := fc.GetFilters()[0]
+		m := &hcmv3.HttpConnectionManager{}
+		require.NoError(t, f.GetTypedConfig().UnmarshalTo(m))
+		m.AccessLog = append(m.AccessLog, &accesslogv3.AccessLog{Name: "envoy.access_loggers.file",
+			ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: fal}})
+		a, err := anypb.New(m)
+		require.NoError(t, err)
+		f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
+	}
+	return l
+}

@@ -206,8 +206,6 @@ func command(name, arg string, s *Stream, snap streaminfo.Snapshot) string {
 		return stripPort(s.Info.DownstreamLocal)
 	case "ROUTE_NAME":
 		return snap.RouteName
-	case "REQUESTED_SERVER_NAME":
-		return ""
 	case "UPSTREAM_REQUEST_ATTEMPT_COUNT":
 		return strconv.Itoa(snap.Attempts)
 	case "REQUEST_DURATION", "RESPONSE_DURATION":
@@ -218,7 +216,7 @@ func command(name, arg string, s *Stream, snap streaminfo.Snapshot) string {
 	case "CONNECTION_TERMINATION_DETAILS":
 		return ""
 	}
-	return ""
+	return tlsCommand(name, s.Info.DownstreamTLS, snap.UpstreamTLS)
 }
 
 func requestHeader(s *Stream, name string) string {

@@ -115,3 +115,36 @@ func urlEncode(s string) string {
 	}
 	return b.String()
 }
+
+// tlsCommand is an access log operator on the downstream or upstream connection's TLS
+// ("" for plaintext, as for any value that is not there).
+func tlsCommand(name string, down, up *streaminfo.TLS) string {
+	t := down
+	if strings.HasPrefix(name, "UPSTREAM_") {
+		t = up
+	}
+	if t == nil {
+		return ""
+	}
+	switch strings.TrimPrefix(strings.TrimPrefix(name, "UPSTREAM_"), "DOWNSTREAM_") {
+	case "REQUESTED_SERVER_NAME":
+		return t.SNI
+	case "TLS_VERSION":
+		return t.Version
+	case "TLS_CIPHER":
+		return t.Cipher
+	case "PEER_URI_SAN":
+		return strings.Join(t.PeerURISANs, ",")
+	case "LOCAL_URI_SAN":
+		return strings.Join(t.LocalURISANs, ",")
+	case "PEER_SUBJECT":
+		return t.PeerSubject
+	case "PEER_FINGERPRINT_256":
+		if t.PeerCertificate == nil {
+			return ""
+		}
+		sum := sha256.Sum256(t.PeerCertificate.Raw)
+		return hex.EncodeToString(sum[:])
+	}
+	return ""
+}

@@ -448,6 +448,7 @@ func (fw *forwarder) attempt() *attemptResult {
 		if a := ci.Conn.LocalAddr(); a != nil {
 			local.Store(a.String())
 		}
+		s.Info.SetUpstreamTLS(upstream.ConnTLS(ci.Conn))
 	}}
 	req := fw.out.WithContext(httptrace.WithClientTrace(actx, trace))
 	if fw.body != nil {

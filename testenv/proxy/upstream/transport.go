@@ -141,6 +141,18 @@ type secureConn struct {
 // UpstreamTLS describes the connection's TLS.
 func (c *secureConn) UpstreamTLS() *streaminfo.TLS { return c.info }
 
+// ConnTLS describes an upstream connection's TLS (nil for plaintext): the router records
+// it on the stream (streaminfo's upstream TLS) when the connection is picked.
+func ConnTLS(c net.Conn) *streaminfo.TLS {
+	if cc, ok := c.(*countedConn); ok {
+		c = cc.Conn
+	}
+	if sc, ok := c.(*secureConn); ok {
+		return sc.info
+	}
+	return nil
+}
+
 // handshake runs the host's TLS, if any, on a new connection.
 func (c *Cluster) handshake(ctx context.Context, conn net.Conn, h *Host) (net.Conn, error) {
 	cl := c.transports.forHost(h)
