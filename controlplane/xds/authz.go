@@ -3,6 +3,7 @@ package xds
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -69,6 +70,7 @@ func buildAuthz(v *View, forTCP bool) []builtRBAC {
 	if len(policies) == 0 {
 		return nil
 	}
+	tds := meshTrustDomains(v)
 	var out []builtRBAC
 	for _, a := range authzActions {
 		b := builtRBAC{action: a.rbac}
@@ -84,7 +86,7 @@ func buildAuthz(v *View, forTCP bool) []builtRBAC {
 			if *target == nil {
 				*target = &rbacpb.RBAC{Action: a.rbac, Policies: map[string]*rbacpb.Policy{}}
 			}
-			addAuthzPolicy(*target, c.Namespace, c.Name, ap, forTCP)
+			addAuthzPolicy(*target, c.Namespace, c.Name, ap, tds, forTCP)
 		}
 		if b.rules == nil && b.shadow == nil {
 			continue
@@ -112,13 +114,13 @@ var matchNever = &rbacpb.Policy{
 	Principals:  []*rbacpb.Principal{{Identifier: &rbacpb.Principal_NotId{NotId: &rbacpb.Principal{Identifier: &rbacpb.Principal_Any{Any: true}}}}},
 }
 
-func addAuthzPolicy(r *rbacpb.RBAC, ns, name string, ap *security.AuthorizationPolicy, forTCP bool) {
+func addAuthzPolicy(r *rbacpb.RBAC, ns, name string, ap *security.AuthorizationPolicy, tds trustDomains, forTCP bool) {
 	if len(ap.GetRules()) == 0 {
 		r.Policies[authzPolicyName(ns, name, 0)] = matchNever
 		return
 	}
 	for i, rule := range ap.GetRules() {
-		if p, ok := authzRulePolicy(rule, ns, forTCP, r.GetAction()); ok {
+		if p, ok := authzRulePolicy(rule, ns, tds, forTCP, r.GetAction()); ok {
 			r.Policies[authzPolicyName(ns, name, i)] = p
 		}
 	}
@@ -128,25 +130,26 @@ func addAuthzPolicy(r *rbacpb.RBAC, ns, name string, ap *security.AuthorizationP
 // operation, each the AND of its fields (an OR of a field's values and a NOT of the OR of
 // its notValues) and of the when conditions. ok is false when an ALLOW rule needs HTTP on
 // a TCP chain.
-func authzRulePolicy(rule *security.Rule, ns string, forTCP bool, action rbacpb.RBAC_Action) (*rbacpb.Policy, bool) {
+func authzRulePolicy(rule *security.Rule, ns string, tds trustDomains, forTCP bool, action rbacpb.RBAC_Action) (*rbacpb.Policy, bool) {
 	g := &authzGen{ns: ns, forTCP: forTCP, strict: action == rbacpb.RBAC_ALLOW}
 	var whenPrincipals []*rbacpb.Principal
 	var whenPermissions []*rbacpb.Permission
 	for _, c := range rule.GetWhen() {
 		k := c.GetKey()
+		values, notValues := tds.migrate(k, c.GetValues()), tds.migrate(k, c.GetNotValues())
 		if pg := g.principalGenFor(k); pg != nil {
-			whenPrincipals = append(whenPrincipals, g.principals(k, pg, c.GetValues(), c.GetNotValues())...)
+			whenPrincipals = append(whenPrincipals, g.principals(k, pg, values, notValues)...)
 		} else {
-			whenPermissions = append(whenPermissions, g.permissions(k, permissionGenFor(k), c.GetValues(), c.GetNotValues())...)
+			whenPermissions = append(whenPermissions, g.permissions(k, permissionGenFor(k), values, notValues)...)
 		}
 	}
 	p := &rbacpb.Policy{}
 	for _, from := range rule.GetFrom() {
 		s := from.GetSource()
 		var and []*rbacpb.Principal
-		and = append(and, g.principals("source.principal", principalOf, s.GetPrincipals(), s.GetNotPrincipals())...)
+		and = append(and, g.principals("source.principal", principalOf, tds.principals(s.GetPrincipals()), tds.principals(s.GetNotPrincipals()))...)
 		and = append(and, g.principals("source.serviceAccount", g.serviceAccountOf, s.GetServiceAccounts(), s.GetNotServiceAccounts())...)
-		and = append(and, g.principals("source.trustDomain", trustDomainOf, s.GetTrustDomains(), s.GetNotTrustDomains())...)
+		and = append(and, g.principals("source.trustDomain", trustDomainOf, tds.expand(s.GetTrustDomains()), tds.expand(s.GetNotTrustDomains()))...)
 		and = append(and, g.principals("source.namespace", namespaceOf, s.GetNamespaces(), s.GetNotNamespaces())...)
 		and = append(and, g.principals("remote.ip", remoteIPOf, s.GetRemoteIpBlocks(), s.GetNotRemoteIpBlocks())...)
 		and = append(and, g.principals("source.ip", sourceIPOf, s.GetIpBlocks(), s.GetNotIpBlocks())...)
@@ -428,4 +431,93 @@ func authzNetworkFilters(v *View) []*listener.Filter {
 			Rules: b.rules, ShadowRules: b.shadow, ShadowRulesStatPrefix: b.shadowStatsName, StatPrefix: "tcp."})}})
 	}
 	return out
+}
+
+// trustDomains are the mesh's trust domain and its aliases (MeshConfig trustDomain,
+// trustDomainAliases), Istio's trustdomain.Bundle: a principal written for one of them
+// (or for the default cluster.local) matches the same identity in each, so policies
+// survive a trust domain migration.
+type trustDomains []string
+
+func meshTrustDomains(v *View) trustDomains {
+	td := v.Snapshot.Mesh.GetTrustDomain()
+	if td == "" {
+		td = "cluster.local"
+	}
+	return append(trustDomains{td}, v.Snapshot.Mesh.GetTrustDomainAliases()...)
+}
+
+// migrate applies principals or expand to a when condition's values by its key.
+func (b trustDomains) migrate(key string, values []string) []string {
+	switch key {
+	case "source.principal":
+		return b.principals(values)
+	case "source.trustDomain":
+		return b.expand(values)
+	}
+	return values
+}
+
+// principals is ReplaceTrustDomainAliases: "<td>/ns/<ns>/sa/<sa>" with td one of the
+// bundle's (or cluster.local) becomes one principal per trust domain of the bundle.
+func (b trustDomains) principals(ps []string) []string {
+	var out []string
+	for _, p := range ps {
+		parts := strings.Split(p, "/")
+		if len(parts) != 5 || parts[0] == "*" || !(b.has(parts[0]) || parts[0] == "cluster.local") {
+			out = appendNew(out, p)
+			continue
+		}
+		for _, td := range b {
+			np := td + "/" + strings.Join(parts[1:], "/")
+			if strings.HasPrefix(parts[0], "*") && strings.HasSuffix(td, parts[0][1:]) {
+				np = p
+			}
+			out = appendNew(out, np)
+		}
+	}
+	return out
+}
+
+// expand is ExpandTrustDomainAliases: a trust domain of the bundle stands for all of them.
+func (b trustDomains) expand(values []string) []string {
+	var out []string
+	for _, v := range values {
+		if slices.Contains(b, v) {
+			for _, td := range b {
+				out = appendNew(out, td)
+			}
+		} else {
+			out = appendNew(out, v)
+		}
+	}
+	return out
+}
+
+// has is Istio's loose trust domain match: equal, "*", or a prefix or suffix pattern
+// either way.
+func (b trustDomains) has(td string) bool {
+	for _, s := range b {
+		if td == s || s == "*" || wildMatch(td, s) || wildMatch(s, td) {
+			return true
+		}
+	}
+	return false
+}
+
+func wildMatch(a, pattern string) bool {
+	if p, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(a, p)
+	}
+	if p, ok := strings.CutPrefix(pattern, "*"); ok {
+		return strings.HasSuffix(a, p)
+	}
+	return false
+}
+
+func appendNew(list []string, s string) []string {
+	if slices.Contains(list, s) {
+		return list
+	}
+	return append(list, s)
 }
