@@ -69,7 +69,7 @@ func newCertSource(env map[string]string, o Options, discoveryAddress string, se
 	if err != nil {
 		return nil, err
 	}
-	client, err := caclient.New(caclient.Config{Address: rc.caAddr, RootFile: rc.rootFile, ServerName: env["ISTIOD_SAN"],
+	client, err := caclient.New(caclient.Config{Address: rc.caAddr, RootFile: rc.rootFile, ServerName: istiodSAN(env),
 		TokenFile: token, ClientCertificate: served.TLSCertificate})
 	if err != nil {
 		return nil, err
@@ -198,7 +198,9 @@ ROOTCA; the bootstrap gets the sds-grpc cluster) from the first source present:
   CA_ADDR                      the CA (default: discovery's host, port ` + DefaultCAPort + `)
   CA_ROOT_CA                   PEM roots the CA's TLS certificate must chain to, also
                                trusted in ROOTCA (default ` + DefaultCARootFile + `)
-  ISTIOD_SAN                   the name the CA's certificate must have (default: CA_ADDR's host)
+  ISTIOD_SAN                   the name the CA's certificate must have (default
+                               ` + DefaultIstiodSAN + `: discovery's serving certificate
+                               names its Service, not the address it is reached at)
   TRUST_DOMAIN                 of the identity spiffe://<TRUST_DOMAIN>/ns/<POD_NAMESPACE>/sa/<SERVICE_ACCOUNT>
                                (default cluster.local)
   SECRET_TTL                   lifetime asked for (default 24h)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -128,7 +129,12 @@ func TestRealDiscoveryThroughTheXDSProxy(t *testing.T) {
 
 	require.Eventually(t, r.readyIs(200, ""), 30*time.Second, 50*time.Millisecond,
 		"configured by discovery (CDS and LDS) through the XDS proxy")
+	require.Eventually(t, func() bool {
+		_, body := r.get("/stats/prometheus", 15020)
+		return strings.Contains(body, `wasmesh_agent_cert_requests_total{result="ok"} 1`)
+	}, 30*time.Second, 50*time.Millisecond, "a certificate from discovery's CA")
 	code, body := r.get("/stats/prometheus", 15020)
 	require.Equal(t, 200, code)
 	assert.Contains(t, body, "wasmesh_xds_proxy_upstream_streams 1", "the proxy's stream to discovery is open")
+	assert.NotContains(t, body, `wasmesh_agent_cert_requests_total{result="Unavailable"}`, "the CA's certificate verified at once")
 }

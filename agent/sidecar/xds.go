@@ -67,10 +67,7 @@ func newDiscoveryConn(env map[string]string, addr string, served *workloadcert.S
 		return nil, fmt.Errorf("the XDS proxy verifies discovery against %s %s: %w (or set %s=true for plaintext to a discovery on loopback)",
 			from, root, err, XDSPlaintextEnv)
 	}
-	san := env["ISTIOD_SAN"]
-	if san == "" {
-		san = DefaultIstiodSAN
-	}
+	san := istiodSAN(env)
 	cfg := caclient.Config{Address: addr, RootFile: root, ServerName: san, TokenFile: caToken(env),
 		ClientCertificate: served.TLSCertificate}
 	dial := cfg.DialOptions()
@@ -80,6 +77,17 @@ func newDiscoveryConn(env map[string]string, addr string, served *workloadcert.S
 	}
 	log.Info("XDS proxy to discovery", "discovery", addr, "serverName", san, "root", root, "credential", cfg.TokenFile)
 	return &discoveryConn{proxy: p, dial: dial}, nil
+}
+
+// istiodSAN is the name discovery's certificate must have, for the CA and xDS alike (one
+// TLS port, one certificate): ISTIOD_SAN, else istiod's Service name. Istio defaults to the
+// host of the address; discovery's certificate names only its Service, so an address such
+// as 127.0.0.1:15012 would never verify.
+func istiodSAN(env map[string]string) string {
+	if san := env["ISTIOD_SAN"]; san != "" {
+		return san
+	}
+	return DefaultIstiodSAN
 }
 
 // serveXDS opens the XDS proxy's socket, then serves it until ctx ends; the socket exists
