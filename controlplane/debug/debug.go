@@ -78,17 +78,19 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // SyncStatus is one connection in /debug/syncz.
 type SyncStatus struct {
-	ProxyID      string              `json:"proxy"`
-	ConnectionID string              `json:"connectionId"`
-	Delta        bool                `json:"delta"`
-	ConnectedAt  time.Time           `json:"connectedAt"`
-	Types        []server.TypeStatus `json:"types"`
+	ProxyID      string `json:"proxy"`
+	ConnectionID string `json:"connectionId"`
+	// Caller is who opened the stream on the secure port (its SPIFFE ID; none on plaintext).
+	Caller      string              `json:"caller,omitempty"`
+	Delta       bool                `json:"delta"`
+	ConnectedAt time.Time           `json:"connectedAt"`
+	Types       []server.TypeStatus `json:"types"`
 }
 
 func syncz(d Deps) []SyncStatus {
 	out := []SyncStatus{}
 	for _, c := range d.Server.Connections() {
-		out = append(out, SyncStatus{ProxyID: c.Proxy.ID, ConnectionID: c.ID, Delta: c.Delta(), ConnectedAt: c.ConnectedAt, Types: c.SyncStatus()})
+		out = append(out, SyncStatus{ProxyID: c.Proxy.ID, ConnectionID: c.ID, Caller: c.Caller, Delta: c.Delta(), ConnectedAt: c.ConnectedAt, Types: c.SyncStatus()})
 	}
 	return out
 }

@@ -371,12 +371,18 @@ func (p *Pod) startAgent(n int) error {
 		"ISTIO_META_WORKLOAD_NAME=" + p.Spec.Labels["app"] + "-" + p.Spec.Labels["version"],
 		"PROXY_CONFIG=" + fmt.Sprintf(`{"terminationDrainDuration": %q}`, p.Spec.TerminationDrainDuration.String()),
 	}
+	// With identity the agent's XDS proxy dials discovery's TLS port with the pod's
+	// credential (docs/contracts.md); without, plaintext to the loopback xDS port.
+	discoveryAddr := m.grpcAddr
 	if m.identity != nil {
 		idEnv, err := m.identity.podEnv(p)
 		if err != nil {
 			return err
 		}
 		env = append(env, idEnv...)
+		discoveryAddr = m.identity.secureAddr
+	} else {
+		env = append(env, "WASMESH_XDS_PLAINTEXT=true")
 	}
 	env = append(env, p.Spec.Env...)
 	agent, err := m.startProcess("agent", p.logDir(), filepath.Join(m.opts.BinDir, "agent"), []string{
@@ -386,7 +392,7 @@ func (p *Pod) startAgent(n int) error {
 		"--podInfoDir", filepath.Join(p.Dir, "pod"),
 		"--certDir", filepath.Join(p.Dir, "certs"),
 		"--certCheckInterval", "1s",
-		"--discoveryAddress", m.grpcAddr,
+		"--discoveryAddress", discoveryAddr,
 		"--statusPort", strconv.Itoa(statusPort),
 		"--applicationPorts", strconv.Itoa(p.Spec.Port),
 		"--concurrency", "2",
