@@ -51,30 +51,42 @@ func discoveryBinary(t *testing.T) string {
 	return discoveryBuild.path
 }
 
-// startRealDiscovery runs discovery with its CA in caDir, local-mesh credentials checked
-// with credKey, and xDS on its secure port only, until the test ends; it returns the secure
-// port's address once it accepts.
-func startRealDiscovery(t *testing.T, caDir, credKey string) string {
+// realDiscovery is discovery running as a process with its CA in caDir, local-mesh
+// credentials checked with credKey, and xDS on its secure port only, until the test ends.
+type realDiscovery struct {
+	t                    *testing.T
+	addr, caDir, credKey string
+	stop                 func()
+}
+
+func startRealDiscovery(t *testing.T, caDir, credKey string) *realDiscovery {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	addr := l.Addr().String()
+	d := &realDiscovery{t: t, addr: l.Addr().String(), caDir: caDir, credKey: credKey}
 	l.Close()
-	cmd := exec.Command(discoveryBinary(t), "--configDir", t.TempDir(), "--secureGRPCAddr", addr, "--caDir", caDir,
-		"--localCredentialKey", credKey, "--httpAddr", "127.0.0.1:0", "--webhookAddr", "")
+	d.start()
+	t.Cleanup(func() { d.stop() })
+	return d
+}
+
+// start runs discovery and returns once its secure port accepts.
+func (d *realDiscovery) start() {
+	t := d.t
+	cmd := exec.Command(discoveryBinary(t), "--configDir", t.TempDir(), "--secureGRPCAddr", d.addr, "--caDir", d.caDir,
+		"--localCredentialKey", d.credKey, "--httpAddr", "127.0.0.1:0", "--webhookAddr", "")
 	cmd.Stdout, cmd.Stderr = logWriter{t}, logWriter{t}
 	require.NoError(t, cmd.Start())
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	d.stop = func() { _ = cmd.Process.Kill(); <-exited }
 	require.Eventually(t, func() bool {
-		c, err := net.Dial("tcp", addr)
+		c, err := net.Dial("tcp", d.addr)
 		if err == nil {
 			c.Close()
 		}
-		_, rootErr := os.Stat(filepath.Join(caDir, "root-cert.pem"))
+		_, rootErr := os.Stat(filepath.Join(d.caDir, "root-cert.pem"))
 		return err == nil && rootErr == nil
-	}, 60*time.Second, 50*time.Millisecond, "discovery serving on %s", addr)
-	return addr
+	}, 60*time.Second, 50*time.Millisecond, "discovery serving on %s", d.addr)
 }
 
 // credentialIssuer makes local-mesh credentials as docs/contracts.md defines them (the
@@ -112,7 +124,8 @@ func (c credentialIssuer) issue(t *testing.T, ns, sa string, ips ...string) stri
 // node (namespace, service account, the pod IP) is authorized for that credential.
 func TestRealDiscoveryThroughTheXDSProxy(t *testing.T) {
 	caDir, issuer := t.TempDir(), newCredentialIssuer(t)
-	addr := startRealDiscovery(t, caDir, issuer.keyFile)
+	disc := startRealDiscovery(t, caDir, issuer.keyFile)
+	addr := disc.addr
 	root := filepath.Join(caDir, "root-cert.pem")
 
 	o, r := options(t, pod{})
@@ -137,4 +150,19 @@ func TestRealDiscoveryThroughTheXDSProxy(t *testing.T) {
 	require.Equal(t, 200, code)
 	assert.Contains(t, body, "wasmesh_xds_proxy_upstream_streams 1", "the proxy's stream to discovery is open")
 	assert.NotContains(t, body, `wasmesh_agent_cert_requests_total{result="Unavailable"}`, "the CA's certificate verified at once")
+
+	// Discovery restarts: the proxy's stream ends, the proxy keeps its configuration (still
+	// ready) and reconnects through the XDS proxy to the new discovery.
+	disc.stop()
+	require.Eventually(t, func() bool {
+		_, body := r.get("/stats/prometheus", 15020)
+		return strings.Contains(body, "wasmesh_xds_proxy_upstream_streams 0")
+	}, 10*time.Second, 20*time.Millisecond)
+	code, _ = r.get("/healthz/ready", 15020)
+	assert.Equal(t, 200, code, "configured, the pod stays ready while discovery is away")
+	disc.start()
+	require.Eventually(t, func() bool {
+		_, body := r.get("/stats/prometheus", 15020)
+		return strings.Contains(body, "wasmesh_xds_proxy_upstream_streams 1") && strings.Contains(body, "istiod_connection_terminations 1")
+	}, 30*time.Second, 50*time.Millisecond, "the proxy's stream is open again")
 }
