@@ -132,6 +132,7 @@ func TestWebhookAndLeadershipOnKubernetes(t *testing.T) {
 		webhooktest.ServesCertTrustedBy(t, a.d.WebhookAddr(), webhooktest.CABundle(t, c))
 	})
 	t.Run("ca", func(t *testing.T) { checkCA(t, c, a) })
+	t.Run("xdsAuth", func(t *testing.T) { checkXDSAuthKube(t, c, a) })
 	t.Run("validation", func(t *testing.T) { checkValidation(t, c, vs) })
 	t.Run("status", func(t *testing.T) {
 		webhooktest.WaitStatusWritten(t, vs, "the leader writes the status of a rejected object")

@@ -34,7 +34,11 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/ca"
 	"github.com/wasmesh/wasmesh/controlplane/ca/catest"
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/kubecluster"
 	"github.com/wasmesh/wasmesh/controlplane/server"
+	"github.com/wasmesh/wasmesh/controlplane/webhook/webhooktest"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 const reviewsEntry = `
@@ -334,4 +338,44 @@ func BenchmarkStreamSetup(b *testing.B) {
 	b.ReportMetric(float64(plain.Microseconds())/float64(b.N), "plain-µs/stream")
 	b.ReportMetric(float64(secure.Microseconds())/float64(b.N), "secure-µs/stream")
 	b.ReportMetric(float64(secure)/float64(plain), "secure/plain")
+}
+
+// checkXDSAuthKube: on Kubernetes a proxy authenticated by its service-account token may
+// claim the IP of a pod of its namespace running as its service account, and no other: not
+// another service account's pod's, not an address no pod has.
+func checkXDSAuthKube(t *testing.T, c *kubecluster.Cluster, r *replica) {
+	ctx := context.Background()
+	for _, p := range []struct{ name, sa, ip string }{{"reviews-1", "reviews", "10.1.0.9"}, {"other-1", "other", "10.1.0.10"}} {
+		catest.Token(t, c.Client, "demo", p.sa, ca.CredentialAudience) // the service account
+		pod, err := c.Client.CoreV1().Pods("demo").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: map[string]string{"app": p.sa}},
+			Spec:       corev1.PodSpec{ServiceAccountName: p.sa, Containers: []corev1.Container{{Name: "app", Image: "echo"}}},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: p.ip, PodIPs: []corev1.PodIP{{IP: p.ip}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+		_, err = c.Client.CoreV1().Pods("demo").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(webhooktest.CASecret(t, c)))
+	e := &secureEnv{env: &env{d: r.d}, roots: roots}
+	cc := e.dial(t, nil)
+	tok := catest.Token(t, c.Client, "demo", "reviews", ca.CredentialAudience)
+	n := func(ip string) *core.Node {
+		return hijacker(t, "sidecar~"+ip+"~reviews-1.demo~demo.svc.cluster.local", "demo", "reviews", ip)
+	}
+	var err error
+	require.Eventually(t, func() bool { // the pods reach the registry through the informers
+		err = openStream(t, cc, tok, n("10.1.0.9"), false)
+		return err == nil
+	}, time.Minute, 50*time.Millisecond, "the pod's own IP: %v", err)
+	for ip, says := range map[string]string{
+		"10.1.0.10": "INSTANCE_IPS: 10.1.0.10 is not an address of demo/reviews (no pod of that namespace and service account has it)",
+		"10.1.0.99": "INSTANCE_IPS: 10.1.0.99 is not an address of demo/reviews",
+	} {
+		err := openStream(t, cc, tok, n(ip), true)
+		assert.Equal(t, codes.PermissionDenied, status.Code(err), "%s: %v", ip, err)
+		assert.Contains(t, status.Convert(err).Message(), says)
+	}
 }

@@ -204,12 +204,17 @@ func child(doc map[string]any, key string) map[string]any {
 }
 
 // localMeshConfig is the manifests' mesh config with the proxies' defaults for this machine:
-// discovery through the service proxy, no traffic capture (pods have their own loopback
+// discovery through the service proxy (plaintext), no traffic capture (pods have their own loopback
 // addresses, docs/contracts.md), two worker threads.
 func (m *Mesh) localMeshConfig(data []byte) ([]byte, error) {
 	return editConfigMap(data, "mesh", func(doc map[string]any) {
 		pc := child(doc, "defaultConfig")
 		pc["discoveryAddress"] = m.XDS.Addr()
+		// The sidecars have no istio-token nor mesh root mounted yet (the injection template
+		// does not add them): their XDS proxy dials the service proxy, on loopback, in
+		// plaintext, which the agent allows only on loopback and when asked.
+		md := child(pc, "proxyMetadata")
+		md["WASMESH_XDS_PLAINTEXT"] = "true"
 		pc["interceptionMode"] = "NONE"
 		pc["concurrency"] = 2
 	})
