@@ -103,6 +103,21 @@ func TestBadEnvironmentIsAnError(t *testing.T) {
 	assert.Contains(t, err.Error(), "PILOT_PUSH_THROTTLE")
 }
 
+// Plaintext xDS on every interface, or on any address that is not loopback, is refused at
+// start, naming the flag; the default serves none.
+func TestPlaintextXDSOnlyOnLoopback(t *testing.T) {
+	for _, addr := range []string{":15010", "0.0.0.0:0", "192.0.2.2:0"} {
+		cmd := newCommand()
+		cmd.SetArgs([]string{"--grpcAddr", addr, "--httpAddr", ""})
+		cmd.SetOut(new(nopWriter))
+		cmd.SetErr(new(nopWriter))
+		err := cmd.Execute()
+		require.Error(t, err, addr)
+		assert.Contains(t, err.Error(), `grpcAddr "`+addr+`": plaintext xDS is unauthenticated and served only on an explicit loopback address`)
+	}
+	assert.Empty(t, newCommand().Flags().Lookup("grpcAddr").DefValue, "no plaintext xDS unless asked for")
+}
+
 type nopWriter struct{}
 
 func (*nopWriter) Write(b []byte) (int, error) { return len(b), nil }
