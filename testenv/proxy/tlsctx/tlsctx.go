@@ -108,8 +108,14 @@ func compileCommon(ctc *tlsv3.CommonTlsContext, m *sds.Manager, sc stats.Scope, 
 		}
 		c.certs = append(c.certs, sds.NewStatic(&sds.Secret{Proto: &tlsv3.Secret{Name: fmt.Sprintf("tls_certificates[%d]", i)}, Cert: cert}))
 	}
+	provider := func(sc *tlsv3.SdsSecretConfig) (*sds.Provider, error) {
+		if m == nil {
+			return nil, errors.New("no secret manager for SDS secrets")
+		}
+		return m.Provider(sc)
+	}
 	for i, sc := range ctc.GetTlsCertificateSdsSecretConfigs() {
-		p, err := m.Provider(sc)
+		p, err := provider(sc)
 		if err != nil {
 			return nil, fmt.Errorf("tls_certificate_sds_secret_configs[%d]: %w", i, err)
 		}
@@ -123,12 +129,12 @@ func compileCommon(ctc *tlsv3.CommonTlsContext, m *sds.Manager, sc stats.Scope, 
 		}
 		c.validation = sds.NewStatic(&sds.Secret{Proto: &tlsv3.Secret{Name: "validation_context"}, Validation: v.ValidationContext, RootCerts: roots})
 	case *tlsv3.CommonTlsContext_ValidationContextSdsSecretConfig:
-		if c.validation, err = m.Provider(v.ValidationContextSdsSecretConfig); err != nil {
+		if c.validation, err = provider(v.ValidationContextSdsSecretConfig); err != nil {
 			return nil, fmt.Errorf("validation_context_sds_secret_config: %w", err)
 		}
 	case *tlsv3.CommonTlsContext_CombinedValidationContext:
 		c.defaultCVC = v.CombinedValidationContext.GetDefaultValidationContext()
-		if c.validation, err = m.Provider(v.CombinedValidationContext.GetValidationContextSdsSecretConfig()); err != nil {
+		if c.validation, err = provider(v.CombinedValidationContext.GetValidationContextSdsSecretConfig()); err != nil {
 			return nil, fmt.Errorf("combined_validation_context: %w", err)
 		}
 	case nil:
