@@ -28,8 +28,9 @@ func loopback(t *testing.T) (server, client net.Conn) {
 // read is replayed: the handshake that follows sees the whole ClientHello.
 func TestPeekHelloTLS(t *testing.T) {
 	server, client := loopback(t)
+	hs := make(chan error, 1)
 	go func() {
-		_ = tls.Client(client, &tls.Config{ServerName: "svc.example", NextProtos: []string{"istio", "h2"}, InsecureSkipVerify: true}).Handshake() //nolint:gosec // test
+		hs <- tls.Client(client, &tls.Config{ServerName: "svc.example", NextProtos: []string{"istio", "h2"}, InsecureSkipVerify: true}).Handshake() //nolint:gosec // test
 	}()
 	conn, h, timedOut := peekHello(server, 5*time.Second)
 	require.False(t, timedOut)
@@ -41,6 +42,11 @@ func TestPeekHelloTLS(t *testing.T) {
 	_, err := io.ReadFull(conn, b)
 	require.NoError(t, err)
 	assert.Equal(t, []byte{0x16, 0x03, 0x01}, b)
+	select {
+	case err := <-hs:
+		t.Fatalf("the client heard from the inspector (%v): peeking must not answer", err)
+	case <-time.After(200 * time.Millisecond):
+	}
 }
 
 // Plaintext is raw_buffer and reaches the chain byte for byte; nothing is written back.
