@@ -213,6 +213,10 @@ func (m *Manager) stream(p *Provider, client secretv3.SecretDiscoveryServiceClie
 			m.log.Warn("SDS update rejected", "secret", p.Name, "version", resp.GetVersionInfo(), "err", err)
 			ack.VersionInfo = version
 			ack.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+			// A rejected update ends the initial wait as Envoy's SdsApi does (the
+			// listener or cluster goes active without the secret; its handshakes fail);
+			// a connection failure does not, only initial_fetch_timeout.
+			p.finish()
 		} else {
 			version = resp.GetVersionInfo()
 			sec.Version = version

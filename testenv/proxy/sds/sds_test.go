@@ -148,6 +148,23 @@ func TestInitialFetchTimeout(t *testing.T) {
 	assert.Nil(t, p.Current())
 }
 
+// TestFirstUpdateRejected: a broken first secret is NACKed and ends the wait with no
+// value, as Envoy's SdsApi readies its init target on a rejected update.
+func TestFirstUpdateRejected(t *testing.T) {
+	srv, path := startServer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := NewManager(ctx, slog.New(slog.DiscardHandler), &corev3.Node{Id: "n"}, unixClusters{path})
+	bad := certSecret(t, "default")
+	bad.GetTlsCertificate().CertificateChain = &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: "not PEM"}}
+	require.NoError(t, srv.cache.UpdateResource("default", bad))
+	p, err := m.Provider(&tlsv3.SdsSecretConfig{Name: "default", SdsConfig: source(0)})
+	require.NoError(t, err)
+	require.Eventually(t, p.Done, 5*time.Second, 10*time.Millisecond)
+	assert.Nil(t, p.Current())
+	assert.NotNil(t, srv.last().GetErrorDetail())
+}
+
 // TestProviderErrors: what Envoy refuses is refused with the reason.
 func TestProviderErrors(t *testing.T) {
 	m := NewManager(context.Background(), slog.New(slog.DiscardHandler), nil, unixClusters{})
