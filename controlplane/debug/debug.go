@@ -239,5 +239,6 @@ func configDump(d Deps, w http.ResponseWriter, r *http.Request) {
 		out[xds.ShortType(typ)] = list
 	}
 	out["sync"] = c.SyncStatus()
+	out["mtls"] = xds.InboundMTLS(view) // each inbound port's PeerAuthentication mode
 	writeJSON(w, out)
 }

@@ -103,3 +103,33 @@ func workloadPolicy(snap *Snapshot, ns string, labels map[string]string) *config
 	}
 	return nil
 }
+
+// MTLSReport is the mutual TLS a proxy's inbound ports accept, as `istioctl x describe`
+// shows it: for debug pages.
+type MTLSReport struct {
+	// Generated is the MTLS option: without it no TLS is generated, whatever the policies.
+	Generated bool       `json:"generated"`
+	Mode      string     `json:"workloadMode"`
+	Policies  []string   `json:"policies"` // the PeerAuthentications that decided
+	Ports     []PortMTLS `json:"ports"`
+}
+
+// PortMTLS is one inbound port's mode.
+type PortMTLS struct {
+	Port     uint32 `json:"port"`
+	Protocol string `json:"protocol"`
+	Mode     string `json:"mode"`
+}
+
+// InboundMTLS reports the proxy's effective modes.
+func InboundMTLS(v *View) MTLSReport {
+	m := peerModes(v)
+	out := MTLSReport{Generated: v.Snapshot.Options.MTLS, Mode: m.Mode.String(), Policies: m.Policies, Ports: []PortMTLS{}}
+	if out.Policies == nil {
+		out.Policies = []string{}
+	}
+	for _, in := range v.Inbounds {
+		out.Ports = append(out.Ports, PortMTLS{Port: in.Port, Protocol: string(in.Protocol), Mode: m.Port(in.Port).String()})
+	}
+	return out
+}
