@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	rbachttp "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
@@ -66,6 +67,7 @@ type HTTPConfig struct {
 	engines
 	store                     *stats.Store
 	rulesPrefix, shadowPrefix string
+	counters                  sync.Map // connection manager stat prefix → *counters
 }
 
 // HTTPFactory builds the HTTP filter for HTTPTypeURL.
@@ -86,7 +88,11 @@ func HTTPFactory(ctx *hcm.Context, _ string, a *anypb.Any) (hcm.FilterConfig, er
 
 // NewFilter makes a stream's instance.
 func (c *HTTPConfig) NewFilter(s *hcm.Stream) (hcm.Filter, error) {
-	return &httpFilter{cfg: c, st: newCounters(c.store, s.StatPrefix, c.rulesPrefix, c.shadowPrefix)}, nil
+	st, ok := c.counters.Load(s.StatPrefix)
+	if !ok {
+		st, _ = c.counters.LoadOrStore(s.StatPrefix, newCounters(c.store, s.StatPrefix, c.rulesPrefix, c.shadowPrefix))
+	}
+	return &httpFilter{cfg: c, st: st.(*counters)}, nil
 }
 
 type httpFilter struct {
