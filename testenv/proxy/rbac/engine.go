@@ -35,6 +35,19 @@ type Input struct {
 	Local netip.AddrPort
 	// TLS is the downstream connection's TLS, nil for plaintext.
 	TLS *streaminfo.TLS
+
+	path    string // the request's path without its query, computed once
+	hasPath bool
+}
+
+// urlPath is the request's path without its query string, as Envoy's url_path matchers see
+// it (meshproxy normalises no path).
+func (in *Input) urlPath() string {
+	if !in.hasPath {
+		in.path, _, _ = strings.Cut(in.Request.URL.RequestURI(), "?")
+		in.hasPath = true
+	}
+	return in.path
 }
 
 // Decision is an engine's answer.
@@ -326,7 +339,6 @@ func compilePath(p *matcherv3.PathMatcher) (matcher, error) {
 		if in.Request == nil {
 			return false
 		}
-		path, _, _ := strings.Cut(in.Request.URL.RequestURI(), "?")
-		return sm.Match(path)
+		return sm.Match(in.urlPath())
 	}), nil
 }
