@@ -227,7 +227,7 @@ func TestSecretRotationAndWarming(t *testing.T) {
 	assert.Equal(t, int64(0), px.Stat("listener_manager.total_listeners_active"))
 
 	_, dump := px.Get("/config_dump")
-	assert.Contains(t, dump, `"dynamic_warming_secrets"`)
+	assert.Contains(t, squash(dump), `"dynamic_warming_secrets":[{"name":"ROOTCA"},{"name":"default"}]`)
 	assert.NotContains(t, dump, `"dynamic_active_secrets"`)
 
 	first := p.bundle(t, "b", time.Now(), time.Hour)
@@ -235,8 +235,8 @@ func TestSecretRotationAndWarming(t *testing.T) {
 	px.WaitReady(10 * time.Second)
 	// The dump shows the secrets Envoy's way, the private key redacted.
 	_, dump = px.Get("/config_dump?resource=dynamic_active_secrets")
-	assert.Contains(t, dump, `"name": "default"`)
-	assert.Contains(t, dump, `"name": "ROOTCA"`)
+	assert.Contains(t, squash(dump), `"name":"default"`)
+	assert.Contains(t, squash(dump), `"name":"ROOTCA"`)
 	assert.Contains(t, dump, base64.StdEncoding.EncodeToString([]byte("[redacted]")))
 	assert.NotContains(t, dump, base64.StdEncoding.EncodeToString(first.Key)[:40])
 	assert.Contains(t, dump, base64.StdEncoding.EncodeToString(first.CertChain)[:40])
@@ -309,4 +309,28 @@ func TestSecretRotationAndWarming(t *testing.T) {
 	require.Len(t, seen, 2)
 	assert.Equal(t, first.Leaf.SerialNumber.String(), seen[0])
 	assert.Equal(t, second.Leaf.SerialNumber.String(), seen[1])
+}
+
+// TestClusterWarmsForSecrets: a cluster whose TLS certificate has not arrived warms even
+// with its endpoints known, and becomes active when the agent serves the certificate.
+func TestClusterWarmsForSecrets(t *testing.T) {
+	sdsServer, path := startSDS(t, nil)
+	cp := newControlPlane(t, "")
+	cp.set("v1", map[resourcev3.Type][]types.Resource{
+		resourcev3.ClusterType:  {mtlsCluster(t, "b", spiffe("b"))},
+		resourcev3.EndpointType: {istioEndpoints("b", "127.0.0.1:1")},
+	})
+	px := proxytest.Start(t, proxytest.Options{Bootstrap: sdsBootstrap(cp.addr, path), NoWait: true})
+	px.Eventually(10*time.Second, "cluster b warming", func() bool {
+		_, dump := px.Get("/config_dump?resource=dynamic_warming_clusters")
+		return strings.Contains(squash(dump), `"name":"b"`)
+	})
+	time.Sleep(300 * time.Millisecond)
+	_, dump := px.Get("/config_dump?resource=dynamic_active_clusters")
+	assert.NotContains(t, squash(dump), `"name":"b"`)
+	require.NoError(t, sdsServer.Update(newPKI(t).bundle(t, "a", time.Now(), time.Hour)))
+	px.Eventually(10*time.Second, "cluster b active", func() bool {
+		_, dump := px.Get("/config_dump?resource=dynamic_active_clusters")
+		return strings.Contains(squash(dump), `"name":"b"`)
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -211,4 +212,9 @@ func withAccessLog(t *testing.T, l *listenerv3.Listener, format string) *listene
 		f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
 	}
 	return l
+}
+
+// squash drops the white space of a JSON document (protojson varies it on purpose).
+func squash(s string) string {
+	return strings.Join(strings.Fields(s), "")
 }
