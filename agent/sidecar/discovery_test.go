@@ -163,6 +163,6 @@ func TestRealDiscoveryThroughTheXDSProxy(t *testing.T) {
 	disc.start()
 	require.Eventually(t, func() bool {
 		_, body := r.get("/stats/prometheus", 15020)
-		return strings.Contains(body, "wasmesh_xds_proxy_upstream_streams 1") && strings.Contains(body, "istiod_connection_terminations 1")
+		return strings.Contains(body, "wasmesh_xds_proxy_upstream_streams 1") && !strings.Contains(body, "istiod_connection_terminations 0")
 	}, 30*time.Second, 50*time.Millisecond, "the proxy's stream is open again")
 }
