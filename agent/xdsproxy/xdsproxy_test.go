@@ -2,8 +2,10 @@ package xdsproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,4 +262,35 @@ func TestBadConfig(t *testing.T) {
 	_, err = New(Config{Address: "istiod:15012"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no dial options")
+}
+
+// Each of the proxy's streams dials discovery anew, so a renewed workload certificate is
+// presented from the next stream on (TLS sends it only in the handshake).
+func TestRenewedCertificateOnTheNextStream(t *testing.T) {
+	ca := testca.Start(t, time.Hour)
+	w := newWorkload(t, ca)
+	d := startDiscovery(t, ca, w.token)
+	var current atomic.Pointer[tls.Certificate]
+	current.Store(w.cert)
+	cfg := w.dialConfig(d.addr)
+	cfg.ClientCertificate = current.Load
+	p, err := New(Config{Address: d.addr, DialOptions: cfg.DialOptions()})
+	require.NoError(t, err)
+	client := dialSocket(t, serve(t, p))
+
+	first := openSotW(t, client)
+	first.send(&discoveryv3.DiscoveryRequest{Node: node(), TypeUrl: resourcev3.ClusterType})
+	first.recv()
+	chain, key := ca.Issue(t, "spiffe://cluster.local/ns/ns/sa/renewed", time.Hour)
+	renewed, err := tls.X509KeyPair(chain, key)
+	require.NoError(t, err)
+	current.Store(&renewed)
+	second := openSotW(t, client)
+	second.send(&discoveryv3.DiscoveryRequest{Node: node(), TypeUrl: resourcev3.ClusterType})
+	second.recv()
+
+	seen := d.seen()
+	require.Len(t, seen, 2)
+	assert.Equal(t, "spiffe://cluster.local/ns/ns/sa/sa", seen[0].clientCert.URIs[0].String())
+	assert.Equal(t, "spiffe://cluster.local/ns/ns/sa/renewed", seen[1].clientCert.URIs[0].String())
 }
