@@ -76,6 +76,24 @@ type GlobalValues struct {
 	} `json:"multiCluster"`
 	MeshID  string `json:"meshID,omitempty"`  // ISTIO_META_MESH_ID (default the trust domain)
 	Network string `json:"network,omitempty"` // ISTIO_META_NETWORK
+	// IstioNamespace is discovery's namespace, in the default CA address (istio-system).
+	IstioNamespace string `json:"istioNamespace,omitempty"`
+	// CAAddress is the sidecar's CA_ADDR (default istiod.<istioNamespace>.svc:15012, the
+	// istiod Service's TLS port, where discovery serves xDS and its CA).
+	CAAddress string `json:"caAddress,omitempty"`
+	// PilotCertProvider is the sidecar's PILOT_CERT_PROVIDER: istiod (the default: the
+	// mesh root, the ConfigMap istio-ca-root-cert, is mounted) or none (the agent requests
+	// no certificate; nothing mounted).
+	PilotCertProvider string `json:"pilotCertProvider,omitempty"`
+	// TrustDomain is the sidecar's TRUST_DOMAIN when the mesh config has none.
+	TrustDomain string `json:"trustDomain,omitempty"`
+	SDS         struct {
+		Token struct {
+			// Aud is the audience of the projected service-account token istio-token,
+			// the credential discovery checks by TokenReview (istio-ca).
+			Aud string `json:"aud,omitempty"`
+		} `json:"token"`
+	} `json:"sds"`
 	// NativeSidecars (wasmesh) runs the proxy as a Kubernetes native sidecar (an init
 	// container with restartPolicy Always): true, false, or auto (Istio's
 	// ENABLE_NATIVE_SIDECARS: when every node's kubelet is 1.33 or later). Empty: what the
@@ -209,6 +227,10 @@ const (
 	DefaultImage     = "proxyv2"
 	DefaultInitImage = "docker.io/istio/proxyv2:1.30.3"
 	DefaultAgentPath = "/usr/local/bin/agent"
+	// CertProviderIstiod and CertProviderNone are the PILOT_CERT_PROVIDER values the agent
+	// supports.
+	CertProviderIstiod = "istiod"
+	CertProviderNone   = "none"
 )
 
 // DefaultConfig is the configuration without a ConfigMap: injection enabled where the
@@ -233,6 +255,10 @@ func (v *Values) fillDefaults() {
 	}
 	def(&g.Logging.Level, "default:info")
 	def(&g.MultiCluster.ClusterName, "Kubernetes")
+	def(&g.IstioNamespace, "istio-system")
+	def(&g.CAAddress, "istiod."+g.IstioNamespace+".svc:15012")
+	def(&g.PilotCertProvider, CertProviderIstiod)
+	def(&g.SDS.Token.Aud, "istio-ca")
 	def(&p.Image, DefaultImage)
 	def(&p.AgentPath, DefaultAgentPath)
 	def(&p.LogLevel, "warning")
@@ -311,6 +337,11 @@ func (v *Values) check() error {
 	}
 	if *p.PreStopSleepSeconds < 0 {
 		return fmt.Errorf("%s: global.proxy.preStopSleepSeconds: %d is negative", ValuesFile, *p.PreStopSleepSeconds)
+	}
+	switch v.Global.PilotCertProvider {
+	case CertProviderIstiod, CertProviderNone:
+	default:
+		return fmt.Errorf("%s: global.pilotCertProvider: %q: want istiod or none (the agent supports no other)", ValuesFile, v.Global.PilotCertProvider)
 	}
 	switch v.Global.ImagePullPolicy {
 	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:

@@ -74,6 +74,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"", "global: {imagePullPolicy: Sometimes}", `values: global.imagePullPolicy: "Sometimes": want Always, IfNotPresent or Never`},
 		{"", "global: {proxy: {imgae: x}}", `values: json: unknown field "imgae"`},
 		{"", "global: {nativeSidecars: maybe}", `values: "maybe": want true, false or auto`},
+		{"", "global: {pilotCertProvider: kubernetes}", `values: global.pilotCertProvider: "kubernetes": want istiod or none (the agent supports no other)`},
 	} {
 		_, err := ParseConfig([]byte(c.config), []byte(c.values))
 		require.Error(t, err, "%s %s", c.config, c.values)

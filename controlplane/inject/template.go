@@ -30,12 +30,42 @@ const (
 	bootstrapOverrideDir = "/etc/istio/custom-bootstrap"
 )
 
-// The volumes the template adds.
+// The volumes the template adds, as Istio's template names them.
 const (
-	volumeEnvoy     = "istio-envoy"
-	volumeData      = "istio-data"
-	volumePodInfo   = "istio-podinfo"
-	volumeBootstrap = "custom-bootstrap-volume"
+	volumeEnvoy            = "istio-envoy"
+	volumeData             = "istio-data"
+	volumePodInfo          = "istio-podinfo"
+	volumeBootstrap        = "custom-bootstrap-volume"
+	volumeWorkloadSocket   = "workload-socket"
+	volumeCredentialSocket = "credential-socket"
+	volumeWorkloadCerts    = "workload-certs"
+	volumeToken            = "istio-token"
+	volumeMeshRoot         = "istiod-ca-cert"
+)
+
+// Where the proxy container has the identity volumes (Istio's paths, which the agent's
+// defaults name).
+const (
+	// TokenDir holds istio-token, the projected service-account token whose audience is
+	// the CA's (agent/sidecar.KubernetesTokenFile).
+	TokenDir = "/var/run/secrets/tokens"
+	// TokenFile is the token's name in TokenDir.
+	TokenFile = "istio-token"
+	// TokenExpirationSeconds is the token's requested lifetime (Istio's 12 hours; the
+	// kubelet renews it before it ends).
+	TokenExpirationSeconds = 43200
+	// MeshRootDir holds root-cert.pem, the mesh root from the ConfigMap MeshRootConfigMap
+	// (agent/sidecar.DefaultCARootFile, relative to the proxy's root).
+	MeshRootDir = "/var/run/secrets/istio"
+	// MeshRootConfigMap is the ConfigMap discovery publishes its root in, in every
+	// namespace (controlplane/ca's rootcm.go).
+	MeshRootConfigMap = "istio-ca-root-cert"
+	// WorkloadSocketDir holds the agent's SDS socket (agent/sds.DefaultSocketPath).
+	WorkloadSocketDir = "/var/run/secrets/workload-spiffe-uds"
+	// CredentialSocketDir and WorkloadCertsDir are Istio's too: a credential socket and
+	// workload certificates a pod may provide itself (empty here, as in Istio by default).
+	CredentialSocketDir = "/var/run/secrets/credential-uds"
+	WorkloadCertsDir    = "/var/run/secrets/workload-spiffe-credentials"
 )
 
 // plan is everything the template needs about one pod, decided before anything is built.
@@ -103,20 +133,13 @@ func (p *plan) proxyContainer() (corev1.Container, error) {
 			RunAsNonRoot:             ptrTo(true),
 			RunAsUser:                ptrTo(int64(ProxyUID)),
 		},
-		VolumeMounts: []corev1.VolumeMount{
-			{Name: volumeData, MountPath: "/var/lib/istio/data"},
-			{Name: volumeEnvoy, MountPath: ProxyConfigDir},
-			{Name: volumePodInfo, MountPath: PodInfoDir},
-		},
+		VolumeMounts: p.proxyMounts(),
 	}
 	if p.native {
 		c.RestartPolicy = ptrTo(corev1.ContainerRestartPolicyAlways)
 	}
 	if p.statusPort != 0 {
 		p.addProbes(&c)
-	}
-	if _, ok := p.pod.Annotations[annotation.SidecarBootstrapOverride.Name]; ok {
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: volumeBootstrap, MountPath: bootstrapOverrideDir})
 	}
 	if v, ok := p.pod.Annotations[annotation.SidecarUserVolumeMount.Name]; ok {
 		mounts, err := userVolumeMounts(v)
@@ -126,6 +149,29 @@ func (p *plan) proxyContainer() (corev1.Container, error) {
 		c.VolumeMounts = append(c.VolumeMounts, mounts...)
 	}
 	return c, nil
+}
+
+// proxyMounts are the proxy's mounts, in Istio's order: the SDS socket's directory, the
+// credential socket's and workload certificates' (empty), the mesh root (with the istiod
+// certificate provider), the agent's data, the bootstrap override, the bootstrap's
+// directory (which holds the XDS socket), the CA token and the pod's labels and annotations.
+func (p *plan) proxyMounts() []corev1.VolumeMount {
+	ms := []corev1.VolumeMount{
+		{Name: volumeWorkloadSocket, MountPath: WorkloadSocketDir},
+		{Name: volumeCredentialSocket, MountPath: CredentialSocketDir},
+		{Name: volumeWorkloadCerts, MountPath: WorkloadCertsDir},
+	}
+	if p.cfg.Values.Global.PilotCertProvider == CertProviderIstiod {
+		ms = append(ms, corev1.VolumeMount{Name: volumeMeshRoot, MountPath: MeshRootDir})
+	}
+	ms = append(ms, corev1.VolumeMount{Name: volumeData, MountPath: "/var/lib/istio/data"})
+	if _, ok := p.pod.Annotations[annotation.SidecarBootstrapOverride.Name]; ok {
+		ms = append(ms, corev1.VolumeMount{Name: volumeBootstrap, MountPath: bootstrapOverrideDir})
+	}
+	return append(ms,
+		corev1.VolumeMount{Name: volumeEnvoy, MountPath: ProxyConfigDir},
+		corev1.VolumeMount{Name: volumeToken, MountPath: TokenDir},
+		corev1.VolumeMount{Name: volumePodInfo, MountPath: PodInfoDir})
 }
 
 // proxyArgs are the agent's flags: where the template mounts what it reads and writes, so
@@ -170,6 +216,8 @@ func (p *plan) proxyEnv() ([]corev1.EnvVar, error) {
 	}
 	g := p.cfg.Values.Global
 	env := []corev1.EnvVar{
+		{Name: "PILOT_CERT_PROVIDER", Value: g.PilotCertProvider},
+		{Name: "CA_ADDR", Value: g.CAAddress},
 		fieldEnv("POD_NAME", "metadata.name"),
 		fieldEnv("POD_NAMESPACE", "metadata.namespace"),
 		fieldEnv("INSTANCE_IP", "status.podIP"),
@@ -203,6 +251,13 @@ func (p *plan) proxyEnv() ([]corev1.EnvVar, error) {
 	}
 	if meshID != "" {
 		env = append(env, corev1.EnvVar{Name: "ISTIO_META_MESH_ID", Value: meshID})
+	}
+	td := p.mesh.GetTrustDomain()
+	if td == "" {
+		td = g.TrustDomain
+	}
+	if td != "" {
+		env = append(env, corev1.EnvVar{Name: "TRUST_DOMAIN", Value: td})
 	}
 	for _, k := range sortedKeys(p.pc.GetProxyMetadata()) {
 		env = append(env, corev1.EnvVar{Name: k, Value: p.pc.GetProxyMetadata()[k]})
@@ -330,21 +385,34 @@ func (p *plan) initContainer() corev1.Container {
 	}
 }
 
-// volumes are the template's: the bootstrap's directory (in memory), the agent's data, the
-// downward-API labels and annotations the agent reads, and the pod's own
-// (bootstrapOverride's ConfigMap, userVolume).
+// volumes are the template's, in Istio's order: the sockets' and workload certificates'
+// directories, bootstrapOverride's ConfigMap, the bootstrap's directory (in memory), the
+// agent's data, the downward-API labels and annotations the agent reads, the CA token
+// (a service-account token bound to the pod, for the CA's audience), the mesh root; then
+// the pod's own (userVolume).
 func (p *plan) volumes() ([]corev1.Volume, error) {
-	vols := []corev1.Volume{
-		{Name: volumeEnvoy, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
-		{Name: volumeData, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-		{Name: volumePodInfo, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{
-			{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}},
-			{Path: "annotations", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations"}},
-		}}}},
+	empty := func(name string) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
 	}
+	vols := []corev1.Volume{empty(volumeWorkloadSocket), empty(volumeCredentialSocket), empty(volumeWorkloadCerts)}
 	if name, ok := p.pod.Annotations[annotation.SidecarBootstrapOverride.Name]; ok {
 		vols = append(vols, corev1.Volume{Name: volumeBootstrap, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: name}}}})
+	}
+	vols = append(vols,
+		corev1.Volume{Name: volumeEnvoy, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
+		empty(volumeData),
+		corev1.Volume{Name: volumePodInfo, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{
+			{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}},
+			{Path: "annotations", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations"}},
+		}}}},
+		corev1.Volume{Name: volumeToken, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: TokenFile, Audience: p.cfg.Values.Global.SDS.Token.Aud,
+				ExpirationSeconds: ptrTo(int64(TokenExpirationSeconds))}},
+		}}}})
+	if p.cfg.Values.Global.PilotCertProvider == CertProviderIstiod {
+		vols = append(vols, corev1.Volume{Name: volumeMeshRoot, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: MeshRootConfigMap}}}})
 	}
 	if v, ok := p.pod.Annotations[annotation.SidecarUserVolume.Name]; ok {
 		user, err := userVolumes(v)
