@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
@@ -86,13 +87,14 @@ func newMeshPair(t *testing.T, appHandler http.HandlerFunc) *meshPair {
 	_, aPath := startSDS(t, mp.aCert)
 	cpA := newControlPlane(t, "")
 	cpA.set("v1", map[resourcev3.Type][]types.Resource{
-		resourcev3.ClusterType: {mtlsCluster(t, "b", spiffe("b")), mtlsCluster(t, "b-badsan", spiffe("not-b")), edsCluster("b-plain")},
+		resourcev3.ClusterType: {mtlsCluster(t, "b", spiffe("b")), mtlsCluster(t, "b-badsan", spiffe("not-b")), edsCluster("b-plain"),
+			mtlsCluster(t, "b-tcp", spiffe("b"))},
 		resourcev3.EndpointType: {istioEndpoints("b", mp.strict), istioEndpoints("b-badsan", mp.strict),
-			endpoints("b-plain", mp.strict)},
+			endpoints("b-plain", mp.strict), istioEndpoints("b-tcp", mp.strict)},
 		resourcev3.ListenerType: {withAccessLog(t, httpListener(t, "out", "r-out", corev3.TrafficDirection_OUTBOUND),
 			"OUTLOG v=%UPSTREAM_TLS_VERSION% peer=%UPSTREAM_PEER_URI_SAN% cipher=%UPSTREAM_TLS_CIPHER%"),
 			httpListener(t, "badsan", "r-bad", corev3.TrafficDirection_OUTBOUND),
-			httpListener(t, "plain", "r-plain", corev3.TrafficDirection_OUTBOUND)},
+			httpListener(t, "plain", "r-plain", corev3.TrafficDirection_OUTBOUND), tcpListener(t, "tcp-out", "b-tcp")},
 		resourcev3.RouteType: {routeTo("r-out", "b"), routeTo("r-bad", "b-badsan"), routeTo("r-plain", "b-plain")},
 	})
 	mp.a = proxytest.Start(t, proxytest.Options{Bootstrap: sdsBootstrap(cpA.addr, aPath), NoWait: true})
@@ -156,6 +158,21 @@ func TestMutualTLSBetweenProxies(t *testing.T) {
 	mp.a.Eventually(5*time.Second, "a's access log", func() bool {
 		return strings.Contains(mp.a.Stdout(), "OUTLOG v=TLSv1.2 peer="+spiffe("b")+" cipher=ECDHE-ECDSA-")
 	})
+
+	// A TCP proxy to an mTLS endpoint originates TLS too.
+	conn, err := net.DialTimeout("tcp", mp.a.ListenerAddr("tcp-out"), 5*time.Second)
+	require.NoError(t, err)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.WriteString(conn, "GET /over-tcp HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "/over-tcp", resp.Header.Get("x-seen-path"))
+	assert.Contains(t, resp.Header.Get("x-seen-h-X-Forwarded-Client-Cert"), ";URI="+spiffe("a"))
+	assert.Equal(t, int64(1), mp.a.Stat("cluster.b-tcp.ssl.handshake"))
 
 	// The server's certificate names another identity than the cluster expects.
 	r = do(t, c, "GET", "http://"+mp.a.ListenerAddr("badsan")+"/", "", nil)

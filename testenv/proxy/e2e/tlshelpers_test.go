@@ -20,6 +20,7 @@ import (
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	tlsinspv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/stretchr/testify/require"
@@ -217,4 +218,16 @@ func withAccessLog(t *testing.T, l *listenerv3.Listener, format string) *listene
 // squash drops the white space of a JSON document (protojson varies it on purpose).
 func squash(s string) string {
 	return strings.Join(strings.Fields(s), "")
+}
+
+// tcpListener is an outbound listener on 127.0.0.1:0 whose tcp_proxy sends to cluster.
+func tcpListener(t *testing.T, name, cluster string) *listenerv3.Listener {
+	t.Helper()
+	a, err := anypb.New(&tcpv3.TcpProxy{StatPrefix: name, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}})
+	require.NoError(t, err)
+	return &listenerv3.Listener{Name: name, TrafficDirection: corev3.TrafficDirection_OUTBOUND,
+		Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+			Address: "127.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 0}}}},
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.tcp_proxy",
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: a}}}}}}
 }

@@ -118,8 +118,7 @@ func (t *tcpProxy) ServeConn(conn net.Conn) {
 				return
 			}
 			lbctx.Attempted = append(lbctx.Attempted, host)
-			var d net.Dialer
-			c, err := d.DialContext(t.run, host.DialNetwork(), host.Address)
+			c, err := cl.DialTCP(t.run, host)
 			if err == nil {
 				up = c
 				cl.ReportResult(host, upstream.LocalOriginConnectSuccess)

@@ -153,6 +153,19 @@ func ConnTLS(c net.Conn) *streaminfo.TLS {
 	return nil
 }
 
+// DialTCP connects to a host for a TCP proxy: within the connect timeout, with the
+// host's transport socket (TLS for an mTLS endpoint). Statistics are the caller's.
+func (c *Cluster) DialTCP(ctx context.Context, h *Host) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, c.connectTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(dctx, h.DialNetwork(), h.Address)
+	if err != nil {
+		return nil, err
+	}
+	return c.handshake(dctx, conn, h)
+}
+
 // handshake runs the host's TLS, if any, on a new connection.
 func (c *Cluster) handshake(ctx context.Context, conn net.Conn, h *Host) (net.Conn, error) {
 	cl := c.transports.forHost(h)
