@@ -17,18 +17,19 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/wasmesh/wasmesh/agent/internal/uds"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/wasmesh/wasmesh/agent/internal/uds"
 )
 
 // DefaultSocketPath is Istio's XDS proxy socket, relative to the agent's working directory.
 const DefaultSocketPath = "./etc/istio/proxy/XDS"
 
-// maxMessageSize bounds one xDS message either way (Istio's agent allows 4 MiB upstream by
-// default and raises it for large meshes; a proxy's full config can exceed gRPC's 4 MiB).
+// maxMessageSize bounds one xDS message either way: a large mesh's full configuration
+// exceeds gRPC's default 4 MiB (Istio's agent lifts the limit altogether, math.MaxInt32).
 const maxMessageSize = 256 << 20
 
 // Config says where discovery is and how to reach it.
