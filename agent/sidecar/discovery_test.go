@@ -24,6 +24,7 @@ import (
 )
 
 var discoveryBuild struct {
+	dir  string // TestMain's, removed when the tests end
 	once sync.Once
 	path string
 	err  error
@@ -40,12 +41,7 @@ func discoveryBinary(t *testing.T) string {
 				return
 			}
 		}
-		dir, err := os.MkdirTemp("", "discovery-bin")
-		if err != nil {
-			discoveryBuild.err = err
-			return
-		}
-		discoveryBuild.path, discoveryBuild.err = proxytest.BuildPackage(dir, "github.com/wasmesh/wasmesh/controlplane/cmd/discovery", "discovery")
+		discoveryBuild.path, discoveryBuild.err = proxytest.BuildPackage(discoveryBuild.dir, "github.com/wasmesh/wasmesh/controlplane/cmd/discovery", "discovery")
 	})
 	require.NoError(t, discoveryBuild.err, "the agent's tests need the controlplane module in the Go workspace (go.work)")
 	return discoveryBuild.path

@@ -29,7 +29,18 @@ import (
 
 var proxyBinary string
 
-func TestMain(m *testing.M) { os.Exit(proxytest.Main(m, &proxyBinary)) }
+func TestMain(m *testing.M) {
+	// discoveryBinary builds the real discovery here when a test needs it.
+	dir, err := os.MkdirTemp("", "agent-sidecar-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	discoveryBuild.dir = dir
+	code := proxytest.Main(m, &proxyBinary)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
 
 // pod describes one test pod; the agent runs in-process, the proxy (meshproxy) as a real
 // process, configured by a discovery of the pod's own.
