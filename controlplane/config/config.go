@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -55,6 +56,10 @@ type Meta struct {
 	Annotations map[string]string
 	// Source says where the config came from, e.g. "services.yaml#2" (file and document).
 	Source string
+	// Created is metadata.creationTimestamp, zero when the config has none (a document
+	// without one). Istio ranks configs that conflict oldest first (then by name); Equal
+	// does not compare it, as it says nothing about what the config asks for.
+	Created time.Time
 }
 
 // Config is one parsed and validated Istio resource. Spec is the istio.io/api message for

@@ -1,6 +1,9 @@
 package config
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Object is a config as a Kubernetes API server serves it: the envelope's kind, apiVersion
 // and metadata, and the spec as JSON.
@@ -11,6 +14,7 @@ type Object struct {
 	Namespace   string
 	Labels      map[string]string
 	Annotations map[string]string
+	Created     time.Time // metadata.creationTimestamp
 	Spec        json.RawMessage
 }
 
@@ -34,5 +38,6 @@ func FromObject(source string, obj Object) (*Config, *Error) {
 		}
 		return nil, e
 	}
+	c.Created = obj.Created
 	return c, nil
 }

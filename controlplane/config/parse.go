@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -206,6 +207,14 @@ func configOf(h header, source string) (*Config, string, error) {
 	if err := validateDNSLabel(ns, 63); err != nil {
 		return fail("metadata.namespace", err)
 	}
+	var created time.Time
+	if ts := h.Metadata.CreationTimestamp; ts != "" {
+		t, err := time.Parse(time.RFC3339, ts)
+		if err != nil {
+			return fail("metadata.creationTimestamp", fmt.Errorf("%q is not an RFC 3339 time", ts))
+		}
+		created = t
+	}
 	spec := info.newSpec()
 	if len(h.Spec) == 0 || string(h.Spec) == "null" {
 		return fail("spec", errors.New("missing"))
@@ -227,7 +236,7 @@ func configOf(h header, source string) (*Config, string, error) {
 			Kind: Kind(h.Kind), Group: group, Version: version,
 			Name: h.Metadata.Name, Namespace: ns,
 			Labels: h.Metadata.Labels, Annotations: h.Metadata.Annotations,
-			Source: source,
+			Source: source, Created: created,
 		},
 		Spec: spec,
 	}, "", nil

@@ -1,7 +1,9 @@
 package config
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -39,4 +41,20 @@ func TestPeerAuthenticationAccepted(t *testing.T) {
 			assert.IsType(t, &security.PeerAuthentication{}, docs[0].Config.Spec)
 		})
 	}
+}
+
+// A config keeps its creationTimestamp (Istio ranks conflicting policies oldest first); a
+// malformed one is refused naming the field.
+func TestCreationTimestampKept(t *testing.T) {
+	doc := "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: pa, namespace: default, creationTimestamp: %s}\nspec: {}\n"
+	docs := ParseFile("pa.yaml", []byte(fmt.Sprintf(doc, "2024-05-01T10:00:00Z")))
+	require.Len(t, docs, 1)
+	require.Nil(t, docs[0].Err)
+	assert.Equal(t, time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC), docs[0].Config.Created.UTC())
+	docs = ParseFile("pa.yaml", []byte(fmt.Sprintf(doc, "yesterday")))
+	require.NotNil(t, docs[0].Err)
+	assert.Equal(t, "metadata.creationTimestamp", docs[0].Err.Field)
+	docs = ParseFile("pa.yaml", []byte("apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: pa}\nspec: {}\n"))
+	require.Nil(t, docs[0].Err)
+	assert.True(t, docs[0].Config.Created.IsZero())
 }

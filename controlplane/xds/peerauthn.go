@@ -26,7 +26,8 @@ const defaultRootNamespace = "istio-system"
 // workload's (a selector matching it, in its namespace); each level's UNSET inherits the
 // level above, and with nothing set anywhere the mode is PERMISSIVE. A port-level mode of
 // the workload's policy (keyed by the workload port) overrides it for that port, UNSET
-// inheriting the workload's.
+// inheriting the workload's. Of several policies at one level, the oldest counts
+// (namespacePolicy).
 type PeerModes struct {
 	Mode  MTLSMode
 	Ports map[uint32]MTLSMode
@@ -77,31 +78,30 @@ func PeerAuthenticationFor(snap *Snapshot, ns string, labels map[string]string) 
 	return out
 }
 
-// namespacePolicy is the namespace's policy without a selector. Of several, Istio takes the
-// oldest; configs here carry no creation time, so the first by name (Istio's second key)
-// wins.
+// namespacePolicy is the namespace's policy without a selector: of several, the oldest
+// (creationTimestamp; a config without one, from a file, counts as oldest), then the first
+// by name, Istio's order.
 func namespacePolicy(snap *Snapshot, ns string) *config.Config {
-	for _, c := range snap.Configs.Namespace(config.PeerAuthentication, ns) {
-		if len(c.Spec.(*security.PeerAuthentication).GetSelector().GetMatchLabels()) == 0 {
-			return c
-		}
-	}
-	return nil
+	return oldestPolicy(snap, ns, func(sel map[string]string) bool { return len(sel) == 0 })
 }
 
-// workloadPolicy is the first policy of ns (by name, see namespacePolicy) whose selector
-// matches labels.
+// workloadPolicy is the policy of ns whose selector matches labels, the oldest of several
+// as namespacePolicy's.
 func workloadPolicy(snap *Snapshot, ns string, labels map[string]string) *config.Config {
 	if len(labels) == 0 {
 		return nil
 	}
-	for _, c := range snap.Configs.Namespace(config.PeerAuthentication, ns) {
-		sel := c.Spec.(*security.PeerAuthentication).GetSelector().GetMatchLabels()
-		if len(sel) > 0 && config.SelectorMatches(sel, labels) {
-			return c
+	return oldestPolicy(snap, ns, func(sel map[string]string) bool { return len(sel) > 0 && config.SelectorMatches(sel, labels) })
+}
+
+func oldestPolicy(snap *Snapshot, ns string, match func(selector map[string]string) bool) *config.Config {
+	var best *config.Config
+	for _, c := range snap.Configs.Namespace(config.PeerAuthentication, ns) { // by name
+		if match(c.Spec.(*security.PeerAuthentication).GetSelector().GetMatchLabels()) && (best == nil || c.Created.Before(best.Created)) {
+			best = c
 		}
 	}
-	return nil
+	return best
 }
 
 // MTLSReport is the mutual TLS a proxy's inbound ports accept, as `istioctl x describe`

@@ -65,3 +65,19 @@ func TestPeerAuthenticationLevels(t *testing.T) {
 	snap.Mesh.RootNamespace = "other-root"
 	assert.Equal(t, xds.MTLSPermissive, xds.PeerAuthenticationFor(snap, "elsewhere", nil).Mode, "nothing set anywhere")
 }
+
+// Of two policies at one level the oldest counts (creationTimestamp), whatever their names;
+// without timestamps, the first by name.
+func TestPeerAuthenticationOldestWins(t *testing.T) {
+	policy := func(name, created, mode string) string {
+		return "---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: " + name + ", namespace: shop" + created +
+			"}\nspec: {selector: {matchLabels: {app: web}}, mtls: {mode: " + mode + "}}\n"
+	}
+	web := map[string]string{"app": "web"}
+	snap := snapshotOf(t, policy("a-newer", ", creationTimestamp: 2026-01-02T00:00:00Z", "STRICT")+policy("b-older", ", creationTimestamp: 2020-01-02T00:00:00Z", "DISABLE"))
+	m := xds.PeerAuthenticationFor(snap, "shop", web)
+	assert.Equal(t, xds.MTLSDisable, m.Mode)
+	assert.Equal(t, []string{"shop/b-older"}, m.Policies)
+	snap = snapshotOf(t, policy("a", "", "STRICT")+policy("b", "", "DISABLE"))
+	assert.Equal(t, xds.MTLSStrict, xds.PeerAuthenticationFor(snap, "shop", web).Mode)
+}

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
 )
@@ -64,7 +65,7 @@ func (c *configs) update(k *istioKind, key config.Key, obj any, b *batch) *confi
 		return nil
 	}
 	meta, spec, _ := k.object(obj)
-	cfg, cerr := translate(k, key, meta.GetLabels(), meta.GetAnnotations(), spec)
+	cfg, cerr := translate(k, key, meta, spec)
 	st := ObjectStatus{Kind: key.Kind, Namespace: key.Namespace, Name: key.Name, Status: StatusApplied}
 	if cerr != nil {
 		st.Status, st.Error = StatusRejected, cerr.Error()
@@ -87,14 +88,14 @@ func (c *configs) update(k *istioKind, key config.Key, obj any, b *batch) *confi
 
 // translate is the object through config.FromObject, the directory's parser and validator:
 // its spec as JSON, as an API server serves it.
-func translate(k *istioKind, key config.Key, labels, annotations map[string]string, spec proto.Message) (*config.Config, *config.Error) {
+func translate(k *istioKind, key config.Key, meta metav1.Object, spec proto.Message) (*config.Config, *config.Error) {
 	js, err := protojson.Marshal(spec)
 	if err != nil {
 		return nil, &config.Error{File: objectSource(key), Key: &key, Field: "spec", Err: fmt.Errorf("encoding spec: %w", err)}
 	}
 	return config.FromObject(objectSource(key), config.Object{
 		Kind: string(k.kind), APIVersion: k.apiVersion(), Name: key.Name, Namespace: key.Namespace,
-		Labels: labels, Annotations: annotations, Spec: js,
+		Labels: meta.GetLabels(), Annotations: meta.GetAnnotations(), Created: meta.GetCreationTimestamp().Time, Spec: js,
 	})
 }
 

@@ -182,6 +182,7 @@ func TestEveryIstioKindAsTheDirectoryParsesIt(t *testing.T) {
 		assert.True(t, got.Equal(want), "%s: got %v\nwant %v", want.Key(), got.Spec, want.Spec)
 		assert.True(t, proto.Equal(got.Spec, want.Spec), want.Key().String())
 		assert.Equal(t, "kubernetes: "+want.Key().String(), got.Source)
+		assert.False(t, got.Created.IsZero(), "%s: the object's creationTimestamp", want.Key())
 	}
 	assert.Equal(t, "team-a", r.rec.configOf(config.Key{Kind: config.VirtualService, Namespace: ns, Name: "reviews"}).Annotations["owner"])
 	for _, st := range r.src.Status() {
