@@ -190,11 +190,12 @@ func TestMutualTLSBetweenProxies(t *testing.T) {
 	r = do(t, c, "GET", "http://"+mp.permis+"/", "", map[string]string{"x-forwarded-client-cert": "By=forged"})
 	assert.Equal(t, 200, r.code)
 	assert.Equal(t, "", r.header.Get("x-seen-h-X-Forwarded-Client-Cert"))
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{
 		Certificates: clientCert(mp.aCert), InsecureSkipVerify: true}}} //nolint:gosec // a test peer
 	t.Cleanup(hc.CloseIdleConnections)
 	r = do(t, hc, "GET", "https://"+mp.permis+"/", "", map[string]string{"x-forwarded-client-cert": "By=forged"})
 	assert.Equal(t, 200, r.code)
+	assert.Equal(t, int64(1), mp.b.Stat("http.permissive.downstream_rq_http2_total"), "ALPN h2: HTTP/2 over TLS")
 	// APPEND_FORWARD keeps what an mTLS peer sent and appends this hop.
 	assert.Equal(t, "By=forged,"+want, r.header.Get("x-seen-h-X-Forwarded-Client-Cert"))
 	assert.Equal(t, int64(1), mp.b.Stat("listener.permissive.ssl.handshake"))
