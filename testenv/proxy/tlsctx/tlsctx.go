@@ -171,7 +171,7 @@ func (c *common) validatorNow() (*validator, error) {
 		for _, r := range s.RootCerts {
 			v.roots.AddCert(r)
 		}
-	} else if len(cvc.GetMatchTypedSubjectAltNames()) > 0 {
+	} else if len(cvc.GetMatchTypedSubjectAltNames()) > 0 || len(cvc.GetMatchSubjectAltNames()) > 0 { //nolint:staticcheck // deprecated field still honoured
 		return nil, errors.New("SAN-based verification of peer certificates without trusted CA is insecure and not allowed")
 	}
 	return v, nil
@@ -203,7 +203,7 @@ func (v *validator) verify(raw [][]byte, st *Stats) error {
 			return fmt.Errorf("peer certificate verification failed: %w", err)
 		}
 	}
-	if ms := v.cvc.GetMatchTypedSubjectAltNames(); len(ms) > 0 && !matchSANs(ms, certs[0]) {
+	if !v.sanOK(certs[0]) {
 		st.failSAN.Inc()
 		return errors.New("peer certificate SAN verification failed")
 	}
@@ -220,6 +220,29 @@ func (v *validator) verify(raw [][]byte, st *Stats) error {
 		}
 	}
 	return nil
+}
+
+// sanOK applies match_typed_subject_alt_names, and the deprecated
+// match_subject_alt_names (a matcher against a SAN of any type), as Envoy still does.
+func (v *validator) sanOK(c *x509.Certificate) bool {
+	typed := v.cvc.GetMatchTypedSubjectAltNames()
+	//nolint:staticcheck // the deprecated field is still what older control planes send.
+	legacy := v.cvc.GetMatchSubjectAltNames()
+	if len(typed) == 0 && len(legacy) == 0 {
+		return true
+	}
+	if matchSANs(typed, c) {
+		return true
+	}
+	for _, m := range legacy {
+		for _, t := range []tlsv3.SubjectAltNameMatcher_SanType{tlsv3.SubjectAltNameMatcher_DNS, tlsv3.SubjectAltNameMatcher_URI,
+			tlsv3.SubjectAltNameMatcher_EMAIL, tlsv3.SubjectAltNameMatcher_IP_ADDRESS} {
+			if matchSANs([]*tlsv3.SubjectAltNameMatcher{{SanType: t, Matcher: m}}, c) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func matchSANs(ms []*tlsv3.SubjectAltNameMatcher, c *x509.Certificate) bool {

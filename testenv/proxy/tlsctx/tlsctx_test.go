@@ -195,6 +195,8 @@ func TestVerificationFailuresCounted(t *testing.T) {
 		{"hash", "fail_verify_cert_hash", &tlsv3.CertificateValidationContext{VerifyCertificateHash: []string{hex.EncodeToString(other[:])}}},
 		{"san", "fail_verify_san", &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
 			SanType: tlsv3.SubjectAltNameMatcher_URI, Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "spiffe://x"}}}}}},
+		{"legacy-san", "fail_verify_san", &tlsv3.CertificateValidationContext{MatchSubjectAltNames: []*matcherv3.StringMatcher{ //nolint:staticcheck // the deprecated field
+			{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "spiffe://cluster.local/ns/default/sa/server"}}}}},
 	} {
 		sc := store.Scope("listener." + tc.name + ".ssl")
 		srv, err := NewServer(&tlsv3.DownstreamTlsContext{CommonTlsContext: commonCtx(sp, roots, nil, tc.vc)}, nil, sc)
@@ -213,7 +215,8 @@ func TestVerificationFailuresCounted(t *testing.T) {
 		colons += hex.EncodeToString([]byte{b})
 	}
 	srv, err := NewServer(&tlsv3.DownstreamTlsContext{CommonTlsContext: commonCtx(sp, roots, nil,
-		&tlsv3.CertificateValidationContext{VerifyCertificateHash: []string{colons}})}, nil, store.Scope("listener.ok.ssl"))
+		&tlsv3.CertificateValidationContext{VerifyCertificateHash: []string{colons}, MatchSubjectAltNames: []*matcherv3.StringMatcher{ //nolint:staticcheck // the deprecated field
+			{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: "/sa/client"}}}})}, nil, store.Scope("listener.ok.ssl"))
 	require.NoError(t, err)
 	sErr, cErr, _, _ := handshake(t, srv, cl)
 	require.NoError(t, sErr)
