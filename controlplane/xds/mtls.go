@@ -15,6 +15,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
@@ -86,7 +87,7 @@ func inboundFilterChains(v *View, in Inbound, destPort *wrapperspb.UInt32Value) 
 		}
 		return []*listener.FilterChain{{Name: name, FilterChainMatch: match, Filters: filters}}
 	}
-	return inboundChains(peerModes(v).Port(in.Port), in.Protocol.IsHTTP(), name, destPort, filters)
+	return inboundChains(v, peerModes(v).Port(in.Port), in.Protocol.IsHTTP(), name, destPort, filters)
 }
 
 // inboundPassthroughChains take virtualInbound's connections to ports no service declares,
@@ -97,14 +98,14 @@ func inboundPassthroughChains(v *View) []*listener.FilterChain {
 	if !mtlsOn(v) {
 		return []*listener.FilterChain{{Name: InboundPassthroughCluster, Filters: filters}}
 	}
-	return inboundChains(peerModes(v).Mode, false, InboundPassthroughCluster, nil, filters)
+	return inboundChains(v, peerModes(v).Mode, false, InboundPassthroughCluster, nil, filters)
 }
 
 // inboundChains are the filter chains of one inbound port (or of the passthrough, port 0)
 // in mode: STRICT, a TLS chain only (a plaintext client matches none and is closed);
 // PERMISSIVE, mTLS chosen by Istio's ALPN, then for TCP the application's own TLS passed
 // through, then plaintext; DISABLE, plaintext.
-func inboundChains(mode MTLSMode, http bool, name string, destPort *wrapperspb.UInt32Value, filters []*listener.Filter) []*listener.FilterChain {
+func inboundChains(v *View, mode MTLSMode, http bool, name string, destPort *wrapperspb.UInt32Value, filters []*listener.Filter) []*listener.FilterChain {
 	chain := func(transport string, alpn []string, tls bool) *listener.FilterChain {
 		fc := &listener.FilterChain{
 			Name:             name,
@@ -112,7 +113,7 @@ func inboundChains(mode MTLSMode, http bool, name string, destPort *wrapperspb.U
 			Filters:          filters,
 		}
 		if tls {
-			fc.TransportSocket = &core.TransportSocket{Name: tlsTransportSocket, ConfigType: &core.TransportSocket_TypedConfig{TypedConfig: mustAny(inboundTLSContext(http))}}
+			fc.TransportSocket = &core.TransportSocket{Name: tlsTransportSocket, ConfigType: &core.TransportSocket_TypedConfig{TypedConfig: mustAny(inboundTLSContext(v, http))}}
 		}
 		return fc
 	}
@@ -131,20 +132,30 @@ func inboundChains(mode MTLSMode, http bool, name string, destPort *wrapperspb.U
 
 // inboundTLSContext is the server side of Istio mTLS: the workload certificate ("default")
 // and the mesh root ("ROOTCA") from the agent's SDS, a client certificate required, TLS 1.2
-// or later.
-func inboundTLSContext(http bool) *tlsv3.DownstreamTlsContext {
+// or later; MeshConfig.meshMTLS may raise the minimum to 1.3 and replace the cipher suites,
+// as Istio applies it to sidecars' inbound mTLS.
+func inboundTLSContext(v *View, http bool) *tlsv3.DownstreamTlsContext {
 	alpn := alpnDownstreamTCP
 	if http {
 		alpn = alpnDownstreamHTTP
 	}
+	params := &tlsv3.TlsParameters{
+		TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
+		TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
+		CipherSuites:              meshCipherSuites,
+	}
+	if mm := v.Snapshot.Mesh.GetMeshMTLS(); mm != nil {
+		if mm.GetMinProtocolVersion() == meshconfig.MeshConfig_TLSConfig_TLSV1_3 {
+			params.TlsMinimumProtocolVersion = tlsv3.TlsParameters_TLSv1_3
+		}
+		if len(mm.GetCipherSuites()) > 0 {
+			params.CipherSuites = mm.GetCipherSuites()
+		}
+	}
 	return &tlsv3.DownstreamTlsContext{
 		RequireClientCertificate: wrapperspb.Bool(true),
 		CommonTlsContext: &tlsv3.CommonTlsContext{
-			TlsParams: &tlsv3.TlsParameters{
-				TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
-				TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
-				CipherSuites:              meshCipherSuites,
-			},
+			TlsParams:                      params,
 			AlpnProtocols:                  alpn,
 			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsSecret(SDSDefaultResource, true)},
 			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{

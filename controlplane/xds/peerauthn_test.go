@@ -3,7 +3,11 @@ package xds_test
 import (
 	"testing"
 
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
@@ -80,4 +84,28 @@ func TestPeerAuthenticationOldestWins(t *testing.T) {
 	assert.Equal(t, []string{"shop/b-older"}, m.Policies)
 	snap = snapshotOf(t, policy("a", "", "STRICT")+policy("b", "", "DISABLE"))
 	assert.Equal(t, xds.MTLSStrict, xds.PeerAuthenticationFor(snap, "shop", web).Mode)
+}
+
+// MeshConfig.meshMTLS raises the inbound minimum TLS version to 1.3 and replaces the cipher
+// suites of inbound mTLS; without it, TLS 1.2 and Istio's suites.
+func TestMeshMTLSSettingsApplyInbound(t *testing.T) {
+	snap := snapshotOf(t, `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: client, namespace: shop}
+spec: {hosts: [client.shop.svc.cluster.local], location: MESH_INTERNAL, resolution: STATIC, ports: [{number: 80, name: http}], workloadSelector: {labels: {app: client}}}
+`)
+	snap.Options.MTLS = true
+	params := func() *tlsv3.TlsParameters {
+		l := xds.Listeners(viewIn(t, snap, nil)).Find(xds.VirtualInboundListener).Message.(*listener.Listener)
+		var ctx tlsv3.DownstreamTlsContext
+		require.NoError(t, l.GetFilterChains()[0].GetTransportSocket().GetTypedConfig().UnmarshalTo(&ctx))
+		return ctx.GetCommonTlsContext().GetTlsParams()
+	}
+	assert.Equal(t, tlsv3.TlsParameters_TLSv1_2, params().GetTlsMinimumProtocolVersion())
+	assert.Len(t, params().GetCipherSuites(), 6)
+	snap = xds.NewSnapshot(snap.Snapshot)
+	snap.Mesh.MeshMTLS = &meshconfig.MeshConfig_TLSConfig{MinProtocolVersion: meshconfig.MeshConfig_TLSConfig_TLSV1_3, CipherSuites: []string{"ECDHE-ECDSA-AES256-GCM-SHA384"}}
+	assert.Equal(t, tlsv3.TlsParameters_TLSv1_3, params().GetTlsMinimumProtocolVersion())
+	assert.Equal(t, []string{"ECDHE-ECDSA-AES256-GCM-SHA384"}, params().GetCipherSuites())
 }
