@@ -7,9 +7,12 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -351,4 +354,50 @@ func TestClusterWarmsForSecrets(t *testing.T) {
 		_, dump := px.Get("/config_dump?resource=dynamic_active_clusters")
 		return strings.Contains(squash(dump), `"name":"b"`)
 	})
+}
+
+// TestStaticSecretsFromFiles: bootstrap static secrets whose data sources are files, used
+// by a static listener (tls_certificate_sds_secret_configs without sds_config) that
+// requires client certificates; the dump lists them as static_secrets, the key redacted.
+func TestStaticSecretsFromFiles(t *testing.T) {
+	p := newPKI(t)
+	srv, cli := p.bundle(t, "server", time.Now(), time.Hour), p.bundle(t, "client", time.Now(), time.Hour)
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, b, 0o600))
+		return path
+	}
+	chain, key, roots := write("chain.pem", srv.CertChain), write("key.pem", srv.Key), write("roots.pem", srv.Roots)
+	boot := bootstrap(" []", `
+  - name: tls
+    address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+    filter_chains:`+fmt.Sprintf(hcmHeader, "tls")+`
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: "over tls"}}}]`+routerFilter+`
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
+          common_tls_context:
+            tls_certificate_sds_secret_configs: [{name: server-cert}]
+            validation_context_sds_secret_config: {name: mesh-ca}
+  secrets:
+  - name: server-cert
+    tls_certificate: {certificate_chain: {filename: `+chain+`}, private_key: {filename: `+key+`}}
+  - name: mesh-ca
+    validation_context: {trusted_ca: {filename: `+roots+`}}
+`)
+	px := proxytest.Start(t, proxytest.Options{Bootstrap: boot})
+	require.NoError(t, dialTLS(t, px.ListenerAddr("tls"), clientCert(cli)))
+	assert.Error(t, dialTLS(t, px.ListenerAddr("tls"), nil))
+	_, dump := px.Get("/config_dump?resource=static_secrets")
+	d := squash(dump)
+	assert.Contains(t, d, `"name":"server-cert"`)
+	assert.Contains(t, d, `"private_key":{"inline_string":"[redacted]"}`)
+	assert.Contains(t, d, `"trusted_ca":{"filename":"`+roots+`"}`)
 }
