@@ -79,7 +79,7 @@ func newMeshPair(t *testing.T, appHandler http.HandlerFunc) *meshPair {
 		resourcev3.ClusterType:  {edsCluster("app")},
 		resourcev3.EndpointType: {endpoints("app", addr(mp.app))},
 		resourcev3.ListenerType: {withAccessLog(t, inboundListener(t, "strict", "r-in", false),
-			"INLOG sni=%REQUESTED_SERVER_NAME% v=%DOWNSTREAM_TLS_VERSION% peer=%DOWNSTREAM_PEER_URI_SAN% local=%DOWNSTREAM_LOCAL_URI_SAN%"),
+			"INLOG sni=%REQUESTED_SERVER_NAME% v=%DOWNSTREAM_TLS_VERSION% peer=%DOWNSTREAM_PEER_URI_SAN% local=%DOWNSTREAM_LOCAL_URI_SAN% scheme=%REQ(:SCHEME)%"),
 			inboundListener(t, "permissive", "r-in", true)},
 		resourcev3.RouteType: {routeTo("r-in", "app")},
 	})
@@ -156,7 +156,7 @@ func TestMutualTLSBetweenProxies(t *testing.T) {
 	assert.Equal(t, int64(1), mp.a.Stat("cluster.b.transport_socket_match.tlsMode-istio.total_match_count"))
 	// The TLS of both connections, in the access logs.
 	mp.b.Eventually(5*time.Second, "b's access log", func() bool {
-		return strings.Contains(mp.b.Stdout(), "INLOG sni=outbound_.80_._.b.default.svc.cluster.local v=TLSv1.2 peer="+spiffe("a")+" local="+spiffe("b"))
+		return strings.Contains(mp.b.Stdout(), "INLOG sni=outbound_.80_._.b.default.svc.cluster.local v=TLSv1.2 peer="+spiffe("a")+" local="+spiffe("b")+" scheme=https")
 	})
 	mp.a.Eventually(5*time.Second, "a's access log", func() bool {
 		return strings.Contains(mp.a.Stdout(), "OUTLOG v=TLSv1.2 peer="+spiffe("b")+" cipher=ECDHE-ECDSA-")

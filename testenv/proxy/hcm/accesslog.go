@@ -229,6 +229,9 @@ func requestHeader(s *Stream, name string) string {
 	case ":authority", "host":
 		return r.Host
 	case ":scheme":
+		if s.Info.DownstreamTLS != nil {
+			return "https"
+		}
 		return "http"
 	}
 	return r.Header.Get(name)
