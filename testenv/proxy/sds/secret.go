@@ -101,8 +101,27 @@ func CompileCertificate(tc *tlsv3.TlsCertificate) (*tls.Certificate, error) {
 	return &c, nil
 }
 
-// ParseRoots parses a validation context's trusted_ca (nil without one).
+// CheckValidation refuses the verification settings meshproxy does not implement, so that
+// none is silently skipped.
+func CheckValidation(vc *tlsv3.CertificateValidationContext) error {
+	switch {
+	case len(vc.GetVerifyCertificateSpki()) > 0:
+		return errors.New("verify_certificate_spki is not supported")
+	case vc.GetCrl() != nil:
+		return errors.New("crl is not supported")
+	case vc.GetCustomValidatorConfig() != nil:
+		return errors.New("custom_validator_config is not supported")
+	case vc.GetTrustChainVerification() != tlsv3.CertificateValidationContext_VERIFY_TRUST_CHAIN:
+		return fmt.Errorf("trust_chain_verification %s is not supported", vc.GetTrustChainVerification())
+	}
+	return nil
+}
+
+// ParseRoots checks a validation context and parses its trusted_ca (nil without one).
 func ParseRoots(vc *tlsv3.CertificateValidationContext) ([]*x509.Certificate, error) {
+	if err := CheckValidation(vc); err != nil {
+		return nil, err
+	}
 	b, err := ReadDataSource(vc.GetTrustedCa())
 	if err != nil {
 		return nil, fmt.Errorf("trusted_ca: %w", err)

@@ -134,6 +134,9 @@ func compileCommon(ctc *tlsv3.CommonTlsContext, m *sds.Manager, sc stats.Scope, 
 		}
 	case *tlsv3.CommonTlsContext_CombinedValidationContext:
 		c.defaultCVC = v.CombinedValidationContext.GetDefaultValidationContext()
+		if err := sds.CheckValidation(c.defaultCVC); err != nil {
+			return nil, fmt.Errorf("combined_validation_context.default_validation_context: %w", err)
+		}
 		if c.validation, err = provider(v.CombinedValidationContext.GetValidationContextSdsSecretConfig()); err != nil {
 			return nil, fmt.Errorf("combined_validation_context: %w", err)
 		}
