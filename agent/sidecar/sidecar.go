@@ -290,9 +290,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("status server (--statusPort) on %s: %w", a.statusAddr, err)
 	}
 	runCtx, stopRun := context.WithCancel(context.Background())
-	defer stopRun()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Stop, then wait: an early return (a socket that cannot be served) must not wait for
+	// goroutines that run until runCtx ends.
+	defer func() { stopRun(); wg.Wait() }()
 
 	quit := make(chan struct{})
 	var quitOnce sync.Once

@@ -1,6 +1,8 @@
 package sidecar_test
 
 import (
+	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,4 +72,35 @@ func TestXDSProxyRefusesAForeignDiscovery(t *testing.T) {
 
 	require.Eventually(t, r.readyIs(503, "not trusted by "+ca.RootFile), 10*time.Second, 20*time.Millisecond)
 	assert.Empty(t, disc.Callers(), "no stream reached the foreign discovery")
+}
+
+// An XDS proxy socket another agent serves (two agents in one working directory) stops the
+// agent at once, naming the flag, instead of taking over the other agent's proxy.
+func TestXDSSocketInUseStopsTheAgent(t *testing.T) {
+	ca := testca.Start(t, time.Hour)
+	disc := proxytest.StartSecureDiscovery(t, ca.ServingCert(t), ca.Roots())
+	o, _ := xdsOptions(t, ca, disc)
+	other, err := net.Listen("unix", o.XDSSocket)
+	require.NoError(t, err)
+	defer other.Close()
+	go func() {
+		for {
+			c, err := other.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	a, err := sidecar.New(o)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "--xdsSocket: XDS proxy socket "+o.XDSSocket+" is in use by another process")
+	case <-time.After(15 * time.Second):
+		t.Fatal("the agent neither served nor stopped")
+	}
 }
