@@ -16,6 +16,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -302,6 +303,17 @@ func (n *Node) Name() string { return n.opts.Name }
 
 // HostIP is the node's address (the pods' status.hostIP).
 func (n *Node) HostIP() string { return n.hostIP }
+
+// Localhost is the private localhost (WASMESH_LOCALHOST) of the node's pod whose IP is
+// podIP, where its containers listen for the pod alone (a sidecar's admin port, 15000);
+// "" for an address outside the node's pod network.
+func (n *Node) Localhost(podIP string) string {
+	rest, ok := strings.CutPrefix(podIP, n.podNet+".")
+	if xy := strings.Split(rest, "."); ok && len(xy) == 2 && net.ParseIP(podIP) != nil {
+		return fmt.Sprintf("127.%d.%s.%s", n.net+localhostOffset, xy[0], xy[1])
+	}
+	return ""
+}
 
 // Dir is the node's directory: pods/<namespace>_<name>_<uid>/ holds each pod's volumes/
 // and logs/<container>/<run>.log.

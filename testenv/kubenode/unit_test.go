@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/wasmesh/wasmesh/agent/podinfo"
 )
@@ -125,4 +126,17 @@ func TestWriteAtomic(t *testing.T) {
 	assert.True(t, os.IsNotExist(err), "the previous timestamped directory is removed")
 
 	assert.Error(t, writeAtomic(dir, map[string]file{"../escape": {}}))
+}
+
+// A pod's localhost is 127.<Net+10> with its pod IP's last two octets, as newPodRun makes
+// them; an address outside the pod network has none.
+func TestLocalhostOfPodIP(t *testing.T) {
+	n := &Node{net: 203, podNet: "198.18"}
+	assert.Equal(t, "127.213.0.7", n.Localhost("198.18.0.7"))
+	assert.Equal(t, "127.213.1.2", n.Localhost("198.18.1.2"))
+	for _, bad := range []string{"198.19.0.7", "198.18.0", "198.18.0.7.1", "10.0.0.1", ""} {
+		assert.Empty(t, n.Localhost(bad), bad)
+	}
+	r := newPodRun(&Node{net: 203, podNet: "198.18", dir: t.TempDir()}, &corev1.Pod{}, 251)
+	assert.Equal(t, r.localhost, n.Localhost(r.ip), "the pod run's own pair")
 }
