@@ -3,11 +3,9 @@ package kubemesh
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,7 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
+	"github.com/wasmesh/wasmesh/agent/sidecar"
 	"github.com/wasmesh/wasmesh/controlplane/deploy"
+	"github.com/wasmesh/wasmesh/controlplane/inject"
 )
 
 const (
@@ -84,6 +84,7 @@ func (m *Mesh) installDiscovery(ctx context.Context) error {
 //   - the replicas reach the API server through a kubeconfig (--kubeconfig) that uses the
 //     pod's service-account token, from a projected volume: in-cluster configuration reads
 //     a fixed path that a process of this machine does not have;
+//   - --mtls: the sample's traffic is mutual TLS, as in the local mesh with identity;
 //   - --leaseDuration when Options.LeaseDuration is set (the tests shorten the 30 s lease).
 func (m *Mesh) localDeployment(data []byte) ([]byte, error) {
 	var d appsv1.Deployment
@@ -105,10 +106,9 @@ func (m *Mesh) localDeployment(data []byte) ([]byte, error) {
 	if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--webhookAddr") }) {
 		c.Args = append(c.Args, "--webhookAddr=$(WASMESH_WILDCARD):15017")
 	}
-	// The secure port on the pod IP too; and, until the agents dial xDS over TLS (the
-	// agent's XDS proxy), plaintext xDS on the pod's own loopback address, which discovery
-	// allows (the service proxy m.XDS sends the sidecars there).
-	c.Args = append(c.Args, "--secureGRPCAddr=$(WASMESH_WILDCARD):15012", "--grpcAddr=$(WASMESH_LOCALHOST):"+strconv.Itoa(plaintextXDSPort))
+	// The secure port (xDS and the CA, TLS) on the pod IP too, where the service proxy m.XDS
+	// sends the sidecars; and mutual TLS between the workloads.
+	c.Args = append(c.Args, "--secureGRPCAddr=$(WASMESH_WILDCARD):15012", "--mtls")
 	c.Args = append(c.Args, "--kubeconfig="+kubeAPIDir+"/kubeconfig")
 	if m.opts.LeaseDuration > 0 {
 		c.Args = append(c.Args, "--leaseDuration="+m.opts.LeaseDuration.String())
@@ -204,17 +204,20 @@ func child(doc map[string]any, key string) map[string]any {
 }
 
 // localMeshConfig is the manifests' mesh config with the proxies' defaults for this machine:
-// discovery through the service proxy (plaintext), no traffic capture (pods have their own loopback
-// addresses, docs/contracts.md), two worker threads.
+// discovery through the service proxy (TLS, port 15012 of a replica), no traffic capture
+// (pods have their own loopback addresses, docs/contracts.md), two worker threads. The
+// injection mounts the CA token and the mesh root where Istio does; a process of this
+// machine has no mount namespace, so the agent is told those paths (CA_ROOT_CA,
+// WASMESH_CA_TOKEN_FILE) in the proxies' environment, where the node rewrites them to the
+// pod's volumes: its defaults are a path relative to the container's root and one the
+// node cannot rewrite (a built-in absolute path).
 func (m *Mesh) localMeshConfig(data []byte) ([]byte, error) {
 	return editConfigMap(data, "mesh", func(doc map[string]any) {
 		pc := child(doc, "defaultConfig")
 		pc["discoveryAddress"] = m.XDS.Addr()
-		// The sidecars have no istio-token nor mesh root mounted yet (the injection template
-		// does not add them): their XDS proxy dials the service proxy, on loopback, in
-		// plaintext, which the agent allows only on loopback and when asked.
 		md := child(pc, "proxyMetadata")
-		md["WASMESH_XDS_PLAINTEXT"] = "true"
+		md["CA_ROOT_CA"] = inject.MeshRootDir + "/root-cert.pem"
+		md[sidecar.TokenFileEnv] = inject.TokenDir + "/" + inject.TokenFile
 		pc["interceptionMode"] = "NONE"
 		pc["concurrency"] = 2
 	})
@@ -223,35 +226,16 @@ func (m *Mesh) localMeshConfig(data []byte) ([]byte, error) {
 // localInjectorValues is the manifests' injector values with what sidecars that are
 // processes of this machine need: the agent runs meshproxy from the binary directory (an
 // image's Envoy is not here), probes every second, small resource requests (one node holds
-// every pod), and a preStop sleep as long as the sample's drain.
+// every pod), a preStop sleep as long as the sample's drain, and the CA's address: the
+// service proxy (istiod's Service name does not resolve here).
 func (m *Mesh) localInjectorValues(data []byte) ([]byte, error) {
 	return editConfigMap(data, "values", func(doc map[string]any) {
-		px := child(child(doc, "global"), "proxy")
+		g := child(doc, "global")
+		g["caAddress"] = m.XDS.Addr()
+		px := child(g, "proxy")
 		px["binaryPath"] = filepath.Join(m.opts.BinDir, "meshproxy")
 		px["readinessPeriodSeconds"] = 1
 		px["preStopSleepSeconds"] = int(defaultDrain.Seconds())
 		px["resources"] = map[string]any{"requests": map[string]any{"cpu": "10m", "memory": "32Mi"}}
 	})
-}
-
-// plaintextXDSPort is where discovery's replicas serve plaintext xDS on their pod's loopback
-// address.
-const plaintextXDSPort = 15010
-
-// plaintextXDS sends a replica's endpoint (<pod IP>:15012) to its plaintext xDS port on the
-// pod's loopback address: kubenode gives a pod a.b.x.y the localhost 127.<Net+10>.x.y, Net
-// being the second octet of the node's own address 127.<Net>.255.254 (kubenode.Options.Net).
-func plaintextXDS(nodeIP string) func(string) string {
-	return func(endpoint string) string {
-		host, _, err := net.SplitHostPort(endpoint)
-		node, pod := strings.Split(nodeIP, "."), strings.Split(host, ".")
-		if err != nil || len(node) != 4 || len(pod) != 4 {
-			return endpoint
-		}
-		n, err := strconv.Atoi(node[1])
-		if err != nil {
-			return endpoint
-		}
-		return net.JoinHostPort(fmt.Sprintf("127.%d.%s.%s", n+10, pod[2], pod[3]), strconv.Itoa(plaintextXDSPort))
-	}
 }

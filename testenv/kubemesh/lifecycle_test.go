@@ -22,9 +22,10 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/localmesh/meshtest"
 )
 
-// The sample's workloads change under steady traffic through the front end (productpage,
-// which calls reviews, which calls ratings), by kubectl as an operator changes them, and no
-// request fails: scaling reviews-v1 up (the new pods get traffic) and down, a rolling
+// The sample's sidecars have their identity from the CA (through their service-account
+// token) and call each other in mutual TLS (checkIdentity). Its workloads change under
+// steady traffic through the front end (productpage, which calls reviews, which calls
+// ratings), by kubectl as an operator changes them, and no request fails: scaling reviews-v1 up (the new pods get traffic) and down, a rolling
 // restart of reviews-v2 and ratings-v1, deleting a pod of reviews-v1, and applying a
 // VirtualService that moves every request to reviews-v2 and back.
 func TestSampleChangesUnderLoad(t *testing.T) {
@@ -45,6 +46,8 @@ func TestSampleChangesUnderLoad(t *testing.T) {
 			require.NoError(t, m.WaitRolledOut(ctx, ns, d))
 		}
 	}
+
+	t.Run("workload identity and mutual TLS", func(t *testing.T) { checkIdentity(t, ctx, m) })
 
 	t.Run("kubectl scale up and down", func(t *testing.T) {
 		g := meshtest.SteadyLoad(t, ctx, front, 100)

@@ -56,9 +56,9 @@ type Mesh struct {
 	kubectl string
 	Cluster *kubecluster.Cluster
 	Node    *kubenode.Node
-	// XDS is the service proxy of istiod's xDS port, the sidecars' discovery address: the
-	// endpoints of its TLS port (https-dns, 15012), sent to the replicas' plaintext loopback
-	// port (plaintextXDS).
+	// XDS is the service proxy of istiod's TLS port (https-dns, 15012: xDS and the CA), the
+	// sidecars' discovery address and CA address: the sidecars' TLS and tokens go through it
+	// to a replica as they are.
 	XDS *ServiceProxy
 }
 
@@ -141,8 +141,7 @@ func (m *Mesh) start(ctx context.Context) error {
 	}
 	// The service proxy first: its address is the sidecars' discovery address in the mesh
 	// config installed next.
-	m.XDS, err = StartServiceProxy(ctx, m.Cluster.Client, DiscoveryNamespace, DiscoveryService, "https-dns", "127.0.0.1:0",
-		plaintextXDS(m.Node.HostIP()))
+	m.XDS, err = StartServiceProxy(ctx, m.Cluster.Client, DiscoveryNamespace, DiscoveryService, "https-dns", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}

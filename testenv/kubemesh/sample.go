@@ -263,6 +263,16 @@ func (m *Mesh) FrontURL(ctx context.Context, path string) string {
 	return ""
 }
 
+// ProxyAdminURL is a URL on the admin API (port 15000) of the pod's sidecar, on the pod's
+// private localhost; "" when the pod has no IP on the mesh's node.
+func (m *Mesh) ProxyAdminURL(pod *corev1.Pod, path string) string {
+	host := m.Node.Localhost(pod.Status.PodIP)
+	if host == "" {
+		return ""
+	}
+	return "http://" + net.JoinHostPort(host, "15000") + path
+}
+
 // WaitFirstRequest waits until a request to the front end succeeds through the mesh (the
 // front end's sidecar, the application, its call to reviews through the sidecars, and
 // reviews' to ratings) and returns when it did.

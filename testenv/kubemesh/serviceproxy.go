@@ -29,11 +29,9 @@ import (
 // connection.
 type ServiceProxy struct {
 	namespace, service, port string
-	// target is where an endpoint's connections go (nil: the endpoint).
-	target   func(endpoint string) string
-	listener net.Listener
-	cancel   context.CancelFunc
-	done     sync.WaitGroup
+	listener                 net.Listener
+	cancel                   context.CancelFunc
+	done                     sync.WaitGroup
 
 	mu     sync.Mutex
 	ready  map[string][]string // slice name → ready endpoints host:port of the port
@@ -43,15 +41,15 @@ type ServiceProxy struct {
 }
 
 // StartServiceProxy serves the Service's port named port on listen (host:port, port 0 for
-// any) until Close. It returns once the EndpointSlices are listed. target, when set, says
-// where the connections of an endpoint (host:port) go instead.
-func StartServiceProxy(ctx context.Context, kc kubernetes.Interface, namespace, service, port, listen string, target func(endpoint string) string) (*ServiceProxy, error) {
+// any) until Close. It returns once the EndpointSlices are listed. It forwards bytes (TCP):
+// TLS is between the client and the endpoint.
+func StartServiceProxy(ctx context.Context, kc kubernetes.Interface, namespace, service, port, listen string) (*ServiceProxy, error) {
 	l, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("service proxy for %s/%s:%s: %w", namespace, service, port, err)
 	}
 	pctx, cancel := context.WithCancel(context.Background())
-	p := &ServiceProxy{namespace: namespace, service: service, port: port, target: target, listener: l, cancel: cancel,
+	p := &ServiceProxy{namespace: namespace, service: service, port: port, listener: l, cancel: cancel,
 		ready: map[string][]string{}, active: map[string]int{}, conns: map[net.Conn]struct{}{}}
 	f := informers.NewSharedInformerFactoryWithOptions(kc, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = discoveryv1.LabelServiceName + "=" + service }))
@@ -127,11 +125,6 @@ func (p *ServiceProxy) slice(o any, deleted bool) {
 	var eps []string
 	if !deleted {
 		eps = readyEndpoints(sl, p.port)
-	}
-	if p.target != nil {
-		for i, ep := range eps {
-			eps[i] = p.target(ep)
-		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
