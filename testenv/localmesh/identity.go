@@ -4,10 +4,8 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/wasmesh/wasmesh/controlplane/ca"
@@ -33,13 +31,14 @@ type identity struct {
 	secureAddr string // discovery's TLS port: the CA (and xDS once it is served there)
 }
 
-// newIdentity makes the credential key and picks discovery's secure port.
-func newIdentity(dir string) (*identity, error) {
+// newIdentity makes the credential key; discovery's secure port is secureAddr.
+func newIdentity(dir, secureAddr string) (*identity, error) {
 	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	id := &identity{key: key, caDir: filepath.Join(dir, "ca"), keyFile: filepath.Join(dir, "ca", "credential-key.pem")}
+	id := &identity{key: key, caDir: filepath.Join(dir, "ca"), keyFile: filepath.Join(dir, "ca", "credential-key.pem"),
+		secureAddr: secureAddr}
 	if err := os.MkdirAll(id.caDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -50,17 +49,13 @@ func newIdentity(dir string) (*identity, error) {
 	if err := os.WriteFile(id.keyFile, b, 0o644); err != nil {
 		return nil, err
 	}
-	port, err := freePort("127.0.0.1")
-	if err != nil {
-		return nil, err
-	}
-	id.secureAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	return id, nil
 }
 
-// discoveryArgs are discovery's flags for the CA.
+// discoveryArgs are discovery's flags for the CA, xDS over TLS only, and mutual TLS between
+// sidecars.
 func (id *identity) discoveryArgs() []string {
-	return []string{"--secureGRPCAddr", id.secureAddr, "--caDir", id.caDir, "--localCredentialKey", id.keyFile}
+	return []string{"--secureGRPCAddr", id.secureAddr, "--caDir", id.caDir, "--localCredentialKey", id.keyFile, "--mtls"}
 }
 
 // RootFile is the mesh's root certificate (discovery writes it on its first start).
@@ -79,14 +74,6 @@ func (id *identity) podEnv(p *Pod) ([]string, error) {
 		return nil, err
 	}
 	return []string{"WASMESH_CA_TOKEN_FILE=" + file, "CA_ADDR=" + id.secureAddr, "CA_ROOT_CA=" + id.rootFile()}, nil
-}
-
-// SecureAddress is discovery's TLS port (Istio's 15012): the CA and xDS; "" without identity.
-func (m *Mesh) SecureAddress() string {
-	if m.identity == nil {
-		return ""
-	}
-	return m.identity.secureAddr
 }
 
 // CADir is discovery's CA directory (ca-cert.pem, ca-key.pem, root-cert.pem); "" without

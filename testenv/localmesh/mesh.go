@@ -48,9 +48,12 @@ type Options struct {
 	DiscoveryEnv []string
 	// Logf reports progress; nil is silent.
 	Logf func(format string, args ...any)
-	// Identity runs discovery's CA and gives every pod a credential (identity.go), so
-	// agents get their workload certificates from the CA and serve them to the proxy by SDS.
-	Identity bool
+	// Plaintext runs the mesh without workload identity: no CA, xDS in plaintext on
+	// loopback, sidecars talking plaintext. By default discovery runs its CA and serves xDS
+	// only over TLS, every pod gets a credential (identity.go) its agent shows for its
+	// certificate and its xDS, and sidecars talk mutual TLS (mesh-wide PERMISSIVE, Istio's
+	// default, so a client outside the mesh still reaches a pod).
+	Plaintext bool
 }
 
 // Mesh is a running local mesh.
@@ -63,7 +66,7 @@ type Mesh struct {
 	grpcAddr  string
 	httpAddr  string
 	proxyBin  string
-	identity  *identity // nil without Options.Identity
+	identity  *identity // nil with Options.Plaintext
 
 	mu        sync.Mutex
 	discovery *Process
@@ -122,8 +125,8 @@ func Start(ctx context.Context, opts Options) (*Mesh, error) {
 	}
 	m.grpcAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(grpc))
 	m.httpAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort))
-	if opts.Identity {
-		if m.identity, err = newIdentity(m.opts.Dir); err != nil {
+	if !opts.Plaintext {
+		if m.identity, err = newIdentity(m.opts.Dir, m.grpcAddr); err != nil {
 			m.Close()
 			return nil, err
 		}
@@ -198,7 +201,8 @@ func (m *Mesh) ConfigDir() string { return m.configDir }
 // DiscoveryURL is the URL of path on discovery's debug HTTP server.
 func (m *Mesh) DiscoveryURL(path string) string { return "http://" + m.httpAddr + path }
 
-// DiscoveryAddress is discovery's xDS gRPC address.
+// DiscoveryAddress is discovery's xDS gRPC address: its TLS port (Istio's 15012, also the
+// CA's), or with Options.Plaintext its loopback plaintext port.
 func (m *Mesh) DiscoveryAddress() string { return m.grpcAddr }
 
 func (m *Mesh) renderConfig() error {
@@ -271,10 +275,12 @@ func (m *Mesh) RemoveConfig(name string) error {
 // StartDiscovery starts discovery (again, after StopDiscovery) and waits until it is ready.
 func (m *Mesh) StartDiscovery(ctx context.Context) error {
 	env := append([]string{"PILOT_DEBOUNCE_AFTER=100ms"}, m.opts.DiscoveryEnv...)
-	args := []string{"--configDir", m.configDir, "--grpcAddr", m.grpcAddr, "--httpAddr", m.httpAddr,
+	args := []string{"--configDir", m.configDir, "--httpAddr", m.httpAddr,
 		"--workloadEntryGracePeriod", "3s", "--wasmCacheDir", filepath.Join(m.opts.Dir, "wasm-cache")}
 	if m.identity != nil {
 		args = append(args, m.identity.discoveryArgs()...)
+	} else {
+		args = append(args, "--grpcAddr", m.grpcAddr)
 	}
 	p, err := m.startProcess("discovery", filepath.Join(m.opts.Dir, "logs"), filepath.Join(m.opts.BinDir, "discovery"), args, env)
 	if err != nil {

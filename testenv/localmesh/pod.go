@@ -373,14 +373,12 @@ func (p *Pod) startAgent(n int) error {
 	}
 	// With identity the agent's XDS proxy dials discovery's TLS port with the pod's
 	// credential (docs/contracts.md); without, plaintext to the loopback xDS port.
-	discoveryAddr := m.grpcAddr
 	if m.identity != nil {
 		idEnv, err := m.identity.podEnv(p)
 		if err != nil {
 			return err
 		}
 		env = append(env, idEnv...)
-		discoveryAddr = m.identity.secureAddr
 	} else {
 		env = append(env, "WASMESH_XDS_PLAINTEXT=true")
 	}
@@ -391,8 +389,13 @@ func (p *Pod) startAgent(n int) error {
 		"--configPath", filepath.Join(p.Dir, "proxy"),
 		"--podInfoDir", filepath.Join(p.Dir, "pod"),
 		"--certDir", filepath.Join(p.Dir, "certs"),
+		// The agent's sockets and mounted credentials are relative to its working directory
+		// in a pod (Istio's paths); here every pod has its own.
+		"--sdsSocket", filepath.Join(p.Dir, "run", "sds.sock"),
+		"--xdsSocket", filepath.Join(p.Dir, "run", "xds.sock"),
+		"--credentialsDir", filepath.Join(p.Dir, "workload-certs"),
 		"--certCheckInterval", "1s",
-		"--discoveryAddress", discoveryAddr,
+		"--discoveryAddress", m.grpcAddr,
 		"--statusPort", strconv.Itoa(statusPort),
 		"--applicationPorts", strconv.Itoa(p.Spec.Port),
 		"--concurrency", "2",

@@ -51,6 +51,7 @@ func command() *cobra.Command {
 	f.StringVar(&opts.Proxy, "proxy", os.Getenv("MESH_PROXY"), "meshproxy (default) or envoy from PATH")
 	f.Float64Var(&rate, "rate", 20, "requests per second sent to the front end")
 	f.DurationVar(&interval, "interval", 2*time.Second, "how often the live summary is printed")
+	f.BoolVar(&opts.Plaintext, "plaintext", false, "run without workload identity: no CA, plaintext xDS on loopback, plaintext between sidecars (default: mutual TLS, PERMISSIVE)")
 	f.BoolVar(&once, "once", false, "print the summary once after the first requests, then stop the mesh (a smoke test)")
 	return cmd
 }

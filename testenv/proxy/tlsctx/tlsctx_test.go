@@ -246,7 +246,7 @@ func TestContextErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "validation_context: verify_certificate_spki is not supported")
 	c = commonCtx(sp, rootsOf(a), nil, nil)
 	c.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
-		DefaultValidationContext: &tlsv3.CertificateValidationContext{TrustChainVerification: tlsv3.CertificateValidationContext_ACCEPT_UNTRUSTED},
+		DefaultValidationContext:         &tlsv3.CertificateValidationContext{TrustChainVerification: tlsv3.CertificateValidationContext_ACCEPT_UNTRUSTED},
 		ValidationContextSdsSecretConfig: &tlsv3.SdsSecretConfig{Name: "ROOTCA"}}}
 	_, err = NewServer(&tlsv3.DownstreamTlsContext{CommonTlsContext: c}, nil, sc)
 	assert.ErrorContains(t, err, "default_validation_context: trust_chain_verification ACCEPT_UNTRUSTED is not supported")

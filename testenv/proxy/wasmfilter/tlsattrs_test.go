@@ -43,7 +43,7 @@ func TestConnectionAttributesFromTLS(t *testing.T) {
 	c := peerCert(t)
 	sum := sha256.Sum256(c.Raw)
 	tlsInfo := &streaminfo.TLS{Version: "TLSv1.3", SNI: "outbound_.9080_._.reviews.default.svc.cluster.local",
-		PeerURISANs: []string{"spiffe://cluster.local/ns/default/sa/productpage", "spiffe://other"},
+		PeerURISANs:  []string{"spiffe://cluster.local/ns/default/sa/productpage", "spiffe://other"},
 		LocalURISANs: []string{"spiffe://cluster.local/ns/default/sa/reviews"}, PeerDNSSANs: c.DNSNames,
 		PeerSubject: "CN=productpage", PeerCertificate: c}
 	got := connectionInfo(tlsInfo)
