@@ -92,9 +92,10 @@ func inboundFilterChains(v *View, in Inbound, destPort *wrapperspb.UInt32Value) 
 
 // inboundPassthroughChains take virtualInbound's connections to ports no service declares,
 // in the workload's mode (Istio's inbound passthrough chains): under STRICT a plaintext
-// client reaches no port at all.
+// client reaches no port at all, and the workload's AuthorizationPolicies apply there too
+// (Istio's buildInboundPassthroughChains builds them with the network RBAC filters).
 func inboundPassthroughChains(v *View) []*listener.FilterChain {
-	filters := []*listener.Filter{tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster)}
+	filters := append(authzNetworkFilters(v), tcpProxy(InboundPassthroughCluster, InboundPassthroughCluster))
 	if !mtlsOn(v) {
 		return []*listener.FilterChain{{Name: InboundPassthroughCluster, Filters: filters}}
 	}
