@@ -38,7 +38,7 @@ const testNode = "sidecar~127.0.0.1~ads.default~default.svc.cluster.local"
 
 // controlPlane is a go-control-plane ADS server in the test process.
 type controlPlane struct {
-	t     *testing.T
+	t     testing.TB
 	cache cachev3.SnapshotCache
 	addr  string
 	grpc  *grpc.Server
@@ -50,7 +50,7 @@ type controlPlane struct {
 	requests map[string]int // requests received, by type URL
 }
 
-func newControlPlane(t *testing.T, addr string) *controlPlane {
+func newControlPlane(t testing.TB, addr string) *controlPlane {
 	t.Helper()
 	cp := &controlPlane{t: t, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil), acks: map[string]string{},
 		requests: map[string]int{}}
@@ -182,7 +182,7 @@ func endpoints(name string, addrs ...string) *endpointv3.ClusterLoadAssignment {
 
 // httpListener is a listener on 127.0.0.1:0 with RDS routes and the given extra filters
 // before the router.
-func httpListener(t *testing.T, name, routeName string, direction corev3.TrafficDirection, filters ...*hcmv3.HttpFilter) *listenerv3.Listener {
+func httpListener(t testing.TB, name, routeName string, direction corev3.TrafficDirection, filters ...*hcmv3.HttpFilter) *listenerv3.Listener {
 	t.Helper()
 	router, err := anypb.New(&routerv3.Router{})
 	require.NoError(t, err)

@@ -35,7 +35,7 @@ import (
 
 // mtlsCluster is Istio's outbound cluster with auto mTLS: endpoints labelled tlsMode=istio
 // get mutual TLS checking the server's SAN, others plaintext.
-func mtlsCluster(t *testing.T, name, san string) *clusterv3.Cluster {
+func mtlsCluster(t testing.TB, name, san string) *clusterv3.Cluster {
 	t.Helper()
 	c := edsCluster(name)
 	utc := &tlsv3.UpstreamTlsContext{CommonTlsContext: meshTLS([]string{"istio"}, san),

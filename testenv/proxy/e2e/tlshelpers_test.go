@@ -44,7 +44,7 @@ type pki struct {
 	roots []byte
 }
 
-func newPKI(t *testing.T) *pki {
+func newPKI(t testing.TB) *pki {
 	t.Helper()
 	a, err := ca.NewSelfSigned(time.Now())
 	require.NoError(t, err)
@@ -56,7 +56,7 @@ func newPKI(t *testing.T) *pki {
 }
 
 // bundle issues a certificate for sa, valid from now-1m to now+ttl.
-func (p *pki) bundle(t *testing.T, sa string, now time.Time, ttl time.Duration) *workloadcert.Bundle {
+func (p *pki) bundle(t testing.TB, sa string, now time.Time, ttl time.Duration) *workloadcert.Bundle {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
@@ -72,7 +72,7 @@ func (p *pki) bundle(t *testing.T, sa string, now time.Time, ttl time.Duration) 
 }
 
 // startSDS runs the agent's SDS server on a Unix socket; b may be nil (no certificate yet).
-func startSDS(t *testing.T, b *workloadcert.Bundle) (*agentsds.Server, string) {
+func startSDS(t testing.TB, b *workloadcert.Bundle) (*agentsds.Server, string) {
 	t.Helper()
 	s, err := agentsds.New(nil, nil)
 	require.NoError(t, err)
@@ -127,7 +127,7 @@ func meshTLS(alpn []string, sans ...string) *tlsv3.CommonTlsContext {
 	}
 }
 
-func transportSocket(t *testing.T, m proto.Message) *corev3.TransportSocket {
+func transportSocket(t testing.TB, m proto.Message) *corev3.TransportSocket {
 	t.Helper()
 	a, err := anypb.New(m)
 	require.NoError(t, err)
@@ -135,7 +135,7 @@ func transportSocket(t *testing.T, m proto.Message) *corev3.TransportSocket {
 }
 
 // hcmFilter is an HTTP connection manager with RDS routes and the given XFCC handling.
-func hcmFilter(t *testing.T, stat, routeName string, xfcc hcmv3.HttpConnectionManager_ForwardClientCertDetails) *listenerv3.Filter {
+func hcmFilter(t testing.TB, stat, routeName string, xfcc hcmv3.HttpConnectionManager_ForwardClientCertDetails) *listenerv3.Filter {
 	t.Helper()
 	router, err := anypb.New(&routerv3.Router{})
 	require.NoError(t, err)
@@ -156,7 +156,7 @@ func hcmFilter(t *testing.T, stat, routeName string, xfcc hcmv3.HttpConnectionMa
 
 // inboundListener is an Istio-like inbound listener: the TLS inspector, a chain for TLS
 // (mutual TLS required, the mesh's ALPN) and, when permissive, one for plaintext.
-func inboundListener(t *testing.T, name, routeName string, permissive bool) *listenerv3.Listener {
+func inboundListener(t testing.TB, name, routeName string, permissive bool) *listenerv3.Listener {
 	t.Helper()
 	insp, err := anypb.New(&tlsinspv3.TlsInspector{})
 	require.NoError(t, err)
@@ -221,7 +221,7 @@ func squash(s string) string {
 }
 
 // tcpListener is an outbound listener on 127.0.0.1:0 whose tcp_proxy sends to cluster.
-func tcpListener(t *testing.T, name, cluster string) *listenerv3.Listener {
+func tcpListener(t testing.TB, name, cluster string) *listenerv3.Listener {
 	t.Helper()
 	a, err := anypb.New(&tcpv3.TcpProxy{StatPrefix: name, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}})
 	require.NoError(t, err)
