@@ -53,8 +53,8 @@ type Options struct {
 	// Server tunes how pushes are sent.
 	Debounce push.DebounceOptions
 	Server   server.Options
-	// MTLS generates mutual TLS between workloads (push.Options.MTLS; --mtls). Off by
-	// default until the stand-in proxy speaks TLS.
+	// MTLS generates mutual TLS between workloads (push.Options.MTLS; the command's --mtls,
+	// on by default as istiod's auto mTLS; the library's zero value is off).
 	MTLS bool
 	// WorkloadGracePeriod keeps a disconnected auto-registered proxy registered
 	// (PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).

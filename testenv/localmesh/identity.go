@@ -52,10 +52,10 @@ func newIdentity(dir, secureAddr string) (*identity, error) {
 	return id, nil
 }
 
-// discoveryArgs are discovery's flags for the CA, xDS over TLS only, and mutual TLS between
-// sidecars.
+// discoveryArgs are discovery's flags for the CA and xDS over TLS only (mutual TLS between
+// sidecars is discovery's default).
 func (id *identity) discoveryArgs() []string {
-	return []string{"--secureGRPCAddr", id.secureAddr, "--caDir", id.caDir, "--localCredentialKey", id.keyFile, "--mtls"}
+	return []string{"--secureGRPCAddr", id.secureAddr, "--caDir", id.caDir, "--localCredentialKey", id.keyFile}
 }
 
 // RootFile is the mesh's root certificate (discovery writes it on its first start).

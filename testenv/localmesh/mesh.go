@@ -280,7 +280,7 @@ func (m *Mesh) StartDiscovery(ctx context.Context) error {
 	if m.identity != nil {
 		args = append(args, m.identity.discoveryArgs()...)
 	} else {
-		args = append(args, "--grpcAddr", m.grpcAddr)
+		args = append(args, "--grpcAddr", m.grpcAddr, "--mtls=false")
 	}
 	p, err := m.startProcess("discovery", filepath.Join(m.opts.Dir, "logs"), filepath.Join(m.opts.BinDir, "discovery"), args, env)
 	if err != nil {

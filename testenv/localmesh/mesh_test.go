@@ -17,11 +17,22 @@ import (
 
 var twoServices = meshtest.ServiceEntry("frontend", 9080, 8080) + "---\n" + meshtest.ServiceEntry("backend", 9081, 8081)
 
+// Two pods talk through their sidecars: over mutual TLS by default (the backend's sidecar
+// forwards the caller's identity in x-forwarded-client-cert), in plaintext with
+// Options.Plaintext.
 func TestTwoPodsTalkThroughTheirSidecars(t *testing.T) {
+	for _, plaintext := range []bool{false, true} {
+		t.Run(map[bool]string{false: "mutual TLS", true: "plaintext"}[plaintext], func(t *testing.T) {
+			twoPodsTalk(t, plaintext)
+		})
+	}
+}
+
+func twoPodsTalk(t *testing.T, plaintext bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	bin, _ := meshtest.Binaries(t)
-	m, err := Start(ctx, Options{BinDir: bin, Config: map[string]string{"services.yaml": twoServices}, Logf: t.Logf})
+	m, err := Start(ctx, Options{BinDir: bin, Config: map[string]string{"services.yaml": twoServices}, Logf: t.Logf, Plaintext: plaintext})
 	require.NoError(t, err)
 	defer m.Close()
 
@@ -45,6 +56,12 @@ func TestTwoPodsTalkThroughTheirSidecars(t *testing.T) {
 	require.Len(t, a.Upstream, 1)
 	require.NotNil(t, a.Upstream[0].Answer)
 	assert.Equal(t, backend.Spec.Name, a.Upstream[0].Answer.Pod)
+	xfcc := a.Upstream[0].Answer.Headers["x-forwarded-client-cert"]
+	if plaintext {
+		assert.Empty(t, xfcc, "a plaintext hop carries no client certificate")
+	} else {
+		assert.Contains(t, xfcc, "URI=spiffe://cluster.local/ns/default/sa/default", "the backend's sidecar saw the frontend's certificate")
+	}
 
 	// Every process ends with Close.
 	m.Close()

@@ -240,8 +240,8 @@ the hostname).`,
 	f.StringVar(&opts.WasmCacheDir, "wasmCacheDir", "", "where WasmPlugin modules fetched over http(s) are kept by sha256 (default: <user cache dir>/wasmesh/wasm)")
 	addKubeFlags(f, &opts)
 	addCAFlags(f, &opts.CA)
-	f.BoolVar(&opts.MTLS, "mtls", false, "generate mutual TLS between workloads: PeerAuthentication, DestinationRule ISTIO_MUTUAL and auto mTLS (issue 27; "+
-		"off until every proxy of the mesh speaks TLS)")
+	f.BoolVar(&opts.MTLS, "mtls", true, "generate mutual TLS between workloads, as istiod: PeerAuthentication (PERMISSIVE unless configured), DestinationRule ISTIO_MUTUAL and auto mTLS "+
+		"(every sidecar gets its certificate from the CA by SDS); --mtls=false for proxies without workload certificates")
 	f.DurationVar(&opts.Server.ReconnectWindow, "reconnectWindow", opts.Server.ReconnectWindow,
 		"after start, proxies resuming with their last config get no updates for this long, while the others reconnect and register")
 	return cmd
