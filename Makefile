@@ -96,8 +96,8 @@ test-unit: build fixtures kube-bin
 # a running proxy), which exits on the first race it sees (GORACE halt_on_error).
 RACE_PKGS := controlplane:./server/...,./pusher/...,./push/...,./registry/...,./meshstate/...,./discovery/... \
 	wasm:./host \
-	agent:./supervisor/...,./sidecar/...,./envoyproc/...,./cmd/agent/... \
-	testenv:./proxy/upstream/...,./proxy/router/...
+	agent:./supervisor/...,./sidecar/...,./envoyproc/...,./cmd/agent/...,./xdsproxy/...,./sds/...,./workloadcert/... \
+	testenv:./proxy/upstream/...,./proxy/router/...,./proxy/listener/...,./proxy/sds/...,./proxy/tlsctx/...,./proxy/rbac/...
 RACE_BIN := $(ROOT)/build/race-bin
 test-race: build fixtures
 	@for e in $(RACE_PKGS); do m=$${e%%:*}; pkgs=$${e#*:}; echo "go test -race $$m $$pkgs"; \

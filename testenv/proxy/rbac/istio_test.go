@@ -95,6 +95,7 @@ func generated(t *testing.T) chains {
 	}
 	snap := xds.NewSnapshot(push.Build("v1", mesh.Default(), config.NewIndex(cs), registry.NewAggregate(reg)))
 	var out chains
+	passthrough := 0
 	for _, r := range xds.Listeners(xds.NewView(snap, p)).Items {
 		l := r.Message.(*listenerv3.Listener)
 		if l.GetName() != xds.VirtualInboundListener {
@@ -104,6 +105,10 @@ func generated(t *testing.T) chains {
 			for _, f := range fc.GetFilters() {
 				switch f.GetName() {
 				case xds.RBACNetworkFilter:
+					if fc.GetName() == xds.InboundPassthroughCluster { // ports no Service declares
+						passthrough++
+						continue
+					}
 					cfg := &rbacnet.RBAC{}
 					require.NoError(t, f.GetTypedConfig().UnmarshalTo(cfg))
 					out.tcp = append(out.tcp, compile(t, cfg.GetRules()))
@@ -123,6 +128,7 @@ func generated(t *testing.T) chains {
 	}
 	require.Len(t, out.http, 2, "DENY and ALLOW on the HTTP chain")
 	require.Len(t, out.tcp, 2, "DENY and ALLOW on the TCP chain")
+	require.Equal(t, 2, passthrough, "DENY and ALLOW on the inbound passthrough chain")
 	return out
 }
 
