@@ -60,11 +60,17 @@ type Deps struct {
 	Secrets   *sds.Manager // TLS transport sockets' secrets
 }
 
+// filterChain is one filter chain with its network filter. It outlives a listener
+// version: a filter chain only update hands an unchanged chain, with its connections, to
+// the new version (Envoy's filter chain runtime info survives).
 type filterChain struct {
 	proto  *listenerv3.FilterChain
 	filter NetworkFilter
 	hcm    *hcm.Manager
 	tls    *tlsctx.Server // nil: plaintext
+	// drain drains this chain's connections (its listener or the chain itself removed).
+	drain  *drain.Drainer
+	cancel context.CancelFunc // stops the network filter; nil until started
 }
 
 // Listener is one configured listener.
@@ -82,7 +88,6 @@ type Listener struct {
 	sock         *socket
 	ctx          context.Context
 	cancel       context.CancelFunc
-	own          *drain.Drainer // drains this listener (update, removal)
 	tls          tlsState
 	log          *slog.Logger
 	st           struct {
@@ -167,8 +172,7 @@ func Build(d Deps, p *listenerv3.Listener, version string) (*Listener, error) {
 		return nil, fmt.Errorf("listener %s: address: %w", p.GetName(), err)
 	}
 	l := &Listener{Name: p.GetName(), Proto: p, Version: version, Address: addr, Direction: int(p.GetTrafficDirection()),
-		Bound: p.GetBindToPort() == nil || p.GetBindToPort().GetValue(), own: drain.New(drain.Immediate, 0),
-		LastUpdated: time.Now()}
+		Bound: p.GetBindToPort() == nil || p.GetBindToPort().GetValue(), LastUpdated: time.Now()}
 	prefix := StatPrefix(p, addr)
 	sc := d.Store.Scope(prefix)
 	l.st.cxTotal = sc.Counter("downstream_cx_total")
@@ -178,7 +182,7 @@ func Build(d Deps, p *listenerv3.Listener, version string) (*Listener, error) {
 	l.st.noChain = sc.Counter("no_filter_chain_match")
 	l.st.preCxTimeout = sc.Counter("downstream_pre_cx_timeout")
 	l.log = d.Log
-	drainers := drain.Any{d.Server, l.own}
+	drainers := drain.Any{d.Server}
 	if l.Direction == int(corev3.TrafficDirection_INBOUND) {
 		drainers = append(drainers, d.Inbound)
 	}
@@ -206,8 +210,11 @@ func Build(d Deps, p *listenerv3.Listener, version string) (*Listener, error) {
 	return l, nil
 }
 
+// buildChain compiles a filter chain; its connection manager drains with drainers and
+// with the chain's own drainer.
 func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.FilterChain) (*filterChain, error) {
-	c := &filterChain{proto: fc}
+	c := &filterChain{proto: fc, drain: drain.New(drain.Immediate, 0)}
+	drainers = append(append(drain.Any(nil), drainers...), c.drain)
 	var gates []*rbac.NetworkFilter
 	for i, f := range fc.GetFilters() {
 		tc := f.GetTypedConfig()
@@ -258,9 +265,11 @@ func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.
 // is taken over from the previous version of the listener or the previous epoch).
 func (l *Listener) start(m *Manager, inherited *socket) error {
 	l.ctx, l.cancel = context.WithCancel(m.ctx)
-	for _, c := range append(append([]*filterChain(nil), l.chains...), l.defaultChain) {
-		if c != nil {
-			c.filter.Start(l.ctx)
+	for _, c := range l.allChains() {
+		if c.cancel == nil { // a chain kept from the previous version runs already
+			var ctx context.Context
+			ctx, c.cancel = context.WithCancel(m.ctx)
+			c.filter.Start(ctx)
 		}
 	}
 	if !l.Bound {
@@ -394,7 +403,7 @@ func (l *Listener) serve(m *Manager, conn net.Conn) {
 		m.release()
 	}}
 	if l.needsInspection() {
-		go l.inspectAndServe(tc)
+		go l.inspectAndServe(m, tc)
 		return
 	}
 	c := l.pickChain(facts(conn))
@@ -421,23 +430,40 @@ func (c *countedConn) Close() error {
 // socket lives on in the child, which holds a duplicate of the descriptor.
 func (l *Listener) stopAccepting() { l.sock.stop() }
 
+// allChains are the listener's filter chains and its default chain, if any.
+func (l *Listener) allChains() []*filterChain {
+	out := append([]*filterChain(nil), l.chains...)
+	if l.defaultChain != nil {
+		out = append(out, l.defaultChain)
+	}
+	return out
+}
+
 // shutdown drains the listener's connections (until ctx ends) and stops it.
 func (l *Listener) shutdown(ctx context.Context) {
-	l.own.Start()
+	chains := l.allChains()
+	for _, c := range chains {
+		c.drain.Start()
+	}
 	l.stopAccepting()
 	var wg sync.WaitGroup
-	for _, c := range append(append([]*filterChain(nil), l.chains...), l.defaultChain) {
-		if c == nil {
-			continue
-		}
+	for _, c := range chains {
 		wg.Add(1)
-		go func(f NetworkFilter) {
+		go func(c *filterChain) {
 			defer wg.Done()
-			_ = f.Shutdown(ctx)
-		}(c.filter)
+			_ = c.filter.Shutdown(ctx)
+			c.stop()
+		}(c)
 	}
 	wg.Wait()
 	if l.cancel != nil {
 		l.cancel()
+	}
+}
+
+// stop closes the chain's remaining connections.
+func (c *filterChain) stop() {
+	if c.cancel != nil {
+		c.cancel()
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -133,8 +134,17 @@ func (m *Manager) Recheck() error {
 		old := m.active[l.Name]
 		var inherited *socket
 		if old != nil && old.sock != nil && old.Address == l.Address {
-			// In-place update: the socket stays, the old filter chains drain.
+			// In-place update: the socket stays.
 			inherited = old.sock
+		}
+		// The old version's chains drain, but for a filter chain only update, which keeps
+		// the unchanged ones.
+		var removed []*filterChain
+		if old != nil {
+			removed = old.allChains()
+			if filterChainOnlyChange(old.Proto, l.Proto) {
+				removed = l.keepChains(old)
+			}
 		}
 		if err := l.start(m, inherited); err != nil {
 			errs = append(errs, err)
@@ -144,7 +154,7 @@ func (m *Manager) Recheck() error {
 		m.active[l.Name] = l
 		if old != nil {
 			m.st.modified.Inc()
-			m.drainOld(old)
+			m.drainOld(old, removed)
 		} else {
 			m.st.added.Inc()
 		}
@@ -184,19 +194,35 @@ func (m *Manager) StartWorkers() {
 	m.held = nil
 }
 
-// drainOld stops an updated listener's old filter chains after the drain time; its
-// accept loop is left to the new listener sharing the socket. m.mu must be held.
-func (m *Manager) drainOld(old *Listener) {
+// drainOld drains the chains of an updated listener that its new version does not keep,
+// as Envoy drains a listener (or, in a filter chain only update, the removed and changed
+// chains): their HTTP/1 responses close the connection and HTTP/2 connections get a
+// GOAWAY for the drain time, then the connections left are closed. Idle connections are
+// not closed before then: a client may be writing a request on one, and Envoy does not
+// retry a request reset by a peer closing its connection (envoyproxy/envoy#2324). The
+// accept loop is left to the new version sharing the socket. m.mu must be held.
+func (m *Manager) drainOld(old *Listener, removed []*filterChain) {
 	m.draining = append(m.draining, old)
+	for _, c := range removed {
+		c.drain.Start()
+	}
 	go func() {
-		ctx, cancel := context.WithTimeout(m.ctx, m.deps.DrainTime)
-		defer cancel()
-		old.own.Start()
-		for _, c := range append(append([]*filterChain(nil), old.chains...), old.defaultChain) {
-			if c != nil {
-				_ = c.filter.Shutdown(ctx)
-			}
+		select {
+		case <-time.After(m.deps.DrainTime):
+		case <-m.ctx.Done():
 		}
+		ctx, cancel := context.WithTimeout(m.ctx, drainCloseGrace)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, c := range removed {
+			wg.Add(1)
+			go func(c *filterChain) {
+				defer wg.Done()
+				_ = c.filter.Shutdown(ctx)
+				c.stop()
+			}(c)
+		}
+		wg.Wait()
 		old.cancel()
 		m.mu.Lock()
 		for i, d := range m.draining {
@@ -208,6 +234,62 @@ func (m *Manager) drainOld(old *Listener) {
 		m.gauges()
 		m.mu.Unlock()
 	}()
+}
+
+// drainCloseGrace is how long, once the drain time is over, a draining chain's requests in
+// flight have to complete before their connections are closed.
+const drainCloseGrace = time.Second
+
+// filterChainOnlyChange reports whether two versions of a listener differ in their filter
+// chains only (Envoy's ListenerMessageUtil::filterChainOnlyChange): such an update keeps
+// the unchanged chains and their connections.
+func filterChainOnlyChange(a, b *listenerv3.Listener) bool {
+	strip := func(p *listenerv3.Listener) *listenerv3.Listener {
+		c := proto.Clone(p).(*listenerv3.Listener)
+		c.FilterChains, c.DefaultFilterChain, c.FilterChainMatcher = nil, nil, nil
+		return c
+	}
+	return proto.Equal(strip(a), strip(b))
+}
+
+// keepChains takes over old's filter chains that are the same message in l (Envoy: "the
+// corresponding filter chain runtime info survives", connections included), in place of
+// the ones l built, and returns old's other chains, which drain.
+func (l *Listener) keepChains(old *Listener) []*filterChain {
+	kept := map[*filterChain]bool{}
+	take := func(c *filterChain) *filterChain {
+		for _, o := range old.allChains() {
+			if !kept[o] && proto.Equal(o.proto, c.proto) {
+				kept[o] = true
+				return o
+			}
+		}
+		return c
+	}
+	for i, c := range l.chains {
+		l.chains[i] = take(c)
+	}
+	if l.defaultChain != nil {
+		l.defaultChain = take(l.defaultChain)
+	}
+	var removed []*filterChain
+	for _, o := range old.allChains() {
+		if !kept[o] {
+			removed = append(removed, o)
+		}
+	}
+	return removed
+}
+
+// current is the version of l's listener to serve a connection l accepted: the active
+// one when a filter chain only update replaced l since (the connection is not l's yet: it
+// was being inspected), else l.
+func (m *Manager) current(l *Listener) *Listener {
+	cur := m.get(l.Name)
+	if cur == nil || cur == l || cur.sock != l.sock || !filterChainOnlyChange(cur.Proto, l.Proto) {
+		return l
+	}
+	return cur
 }
 
 // Remove deletes a dynamic listener: it stops accepting and drains.

@@ -105,7 +105,10 @@ func facts(conn net.Conn) *connFacts {
 
 // inspectAndServe runs the TLS inspector, picks the chain, terminates TLS when the chain
 // has a TLS transport socket, and hands the connection to the chain's network filter.
-func (l *Listener) inspectAndServe(conn net.Conn) {
+// The chain is picked from the listener's version active once the inspector is done: a
+// filter chain only update during the inspection serves the connection on the new chains,
+// as Envoy's listener filters hand the socket to the current filter chain manager.
+func (l *Listener) inspectAndServe(m *Manager, conn net.Conn) {
 	f := facts(conn)
 	if l.tls.inspect {
 		var h hello
@@ -120,6 +123,7 @@ func (l *Listener) inspectAndServe(conn net.Conn) {
 			f.transport, f.sni, f.alpn = "tls", h.sni, h.alpn
 		}
 	}
+	l = m.current(l)
 	c := l.pickChain(f)
 	if c == nil {
 		l.st.noChain.Inc()

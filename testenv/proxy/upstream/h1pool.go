@@ -166,12 +166,17 @@ func (p *h1Pool) dial(ctx context.Context, h *Host) (*h1Conn, error) {
 var errRetryFresh = errors.New("reused connection closed by the upstream")
 
 // roundTrip sends req to addr over a pooled connection. A request without a body is
-// tried again on a new connection when a reused one turns out to be closed, as
-// net/http's Transport does for requests that were not processed.
+// tried again when a reused connection turns out to be closed, as net/http's Transport
+// does for requests that were not processed, and on a new connection: the pool does not
+// watch its idle connections (Envoy's sees their close and drops them), and a peer that
+// closed one, draining, has most likely closed the others too.
 func (p *h1Pool) roundTrip(req *http.Request, h *Host) (*http.Response, error) {
 	addr := h.Address
 	for attempt := 0; ; attempt++ {
-		pc := p.get(addr)
+		var pc *h1Conn
+		if attempt == 0 {
+			pc = p.get(addr)
+		}
 		reused := pc != nil
 		if pc == nil {
 			var err error
