@@ -180,7 +180,8 @@ func chainUpdateUnderLoad(t *testing.T, version func(i int) *listenerv3.Listener
 // TestFilterChainOnlyUpdateDrainsRemovedChainGracefully: PERMISSIVE to STRICT, seen
 // from a keep-alive connection on each chain. The plaintext chain is removed: its idle
 // connection is not closed under the client; its next request is answered with
-// Connection: close (Envoy's drain sequence), and new plaintext connections are refused.
+// Connection: close (Envoy's drain sequence); new plaintext connections, and one whose
+// first bytes arrive after the update, are refused.
 // The mTLS chain is unchanged: its connection serves on as if nothing happened.
 func TestFilterChainOnlyUpdateDrainsRemovedChainGracefully(t *testing.T) {
 	pk := newPKI(t)
@@ -197,6 +198,11 @@ func TestFilterChainOnlyUpdateDrainsRemovedChainGracefully(t *testing.T) {
 			NextProtos: []string{"http/1.1"}})
 	require.NoError(t, err)
 	defer secure.Close()
+	// A plaintext connection whose first bytes come after the update: its chain is picked
+	// from the version active once the TLS inspector has read them.
+	pending, err := net.DialTimeout("tcp", in, 5*time.Second)
+	require.NoError(t, err)
+	defer pending.Close()
 	plainR, secureR := bufio.NewReader(plain), bufio.NewReader(secure)
 	for _, c := range []struct {
 		conn net.Conn
@@ -226,6 +232,8 @@ func TestFilterChainOnlyUpdateDrainsRemovedChainGracefully(t *testing.T) {
 	_, err = plainR.ReadByte()
 	assert.ErrorIs(t, err, io.EOF, "the server closes the connection after its Connection: close response")
 
+	_, err = getOn(pending, bufio.NewReader(pending))
+	assert.Error(t, err, "a connection inspected after the update was served by the removed plaintext chain")
 	_, err = plaintextRequest(in)
 	assert.Error(t, err, "a new plaintext connection is served by a STRICT listener")
 	assert.Equal(t, in, b.ListenerAddr("in"))
