@@ -95,18 +95,26 @@ func validateAuthzSource(p path, f *security.Rule_From) *FieldError {
 		len(s.GetPrincipals())+len(s.GetNotPrincipals())+len(s.GetNamespaces())+len(s.GetNotNamespaces()) > 0 {
 		return p.f("serviceAccounts").err("cannot be set with namespaces or principals")
 	}
-	lists := []struct {
-		name   string
-		values []string
-		check  func(string) error
-	}{
+	return checkAuthzLists(p, "a source", []authzList{
 		{"principals", s.GetPrincipals(), nil}, {"notPrincipals", s.GetNotPrincipals(), nil},
 		{"namespaces", s.GetNamespaces(), nil}, {"notNamespaces", s.GetNotNamespaces(), nil},
 		{"serviceAccounts", s.GetServiceAccounts(), checkServiceAccount}, {"notServiceAccounts", s.GetNotServiceAccounts(), checkServiceAccount},
 		{"trustDomains", s.GetTrustDomains(), checkWildcards}, {"notTrustDomains", s.GetNotTrustDomains(), checkWildcards},
 		{"ipBlocks", s.GetIpBlocks(), checkIPBlock}, {"notIpBlocks", s.GetNotIpBlocks(), checkIPBlock},
 		{"remoteIpBlocks", s.GetRemoteIpBlocks(), checkIPBlock}, {"notRemoteIpBlocks", s.GetNotRemoteIpBlocks(), checkIPBlock},
-	}
+	})
+}
+
+// authzList is one list field of a source or an operation, with the check of its values.
+type authzList struct {
+	name   string
+	values []string
+	check  func(string) error
+}
+
+// checkAuthzLists checks each list's values and that at least one list is set (what names
+// the source or operation in the error).
+func checkAuthzLists(p path, what string, lists []authzList) *FieldError {
 	set := false
 	for _, l := range lists {
 		set = set || len(l.values) > 0
@@ -115,7 +123,7 @@ func validateAuthzSource(p path, f *security.Rule_From) *FieldError {
 		}
 	}
 	if !set {
-		return p.err("a source must set at least one field")
+		return p.err("%s must set at least one field", what)
 	}
 	return nil
 }
@@ -126,27 +134,12 @@ func validateAuthzOperation(p path, t *security.Rule_To) *FieldError {
 	}
 	o := t.GetOperation()
 	p = p.f("operation")
-	lists := []struct {
-		name   string
-		values []string
-		check  func(string) error
-	}{
+	return checkAuthzLists(p, "an operation", []authzList{
 		{"hosts", o.GetHosts(), nil}, {"notHosts", o.GetNotHosts(), nil},
 		{"ports", o.GetPorts(), checkPort}, {"notPorts", o.GetNotPorts(), checkPort},
 		{"methods", o.GetMethods(), nil}, {"notMethods", o.GetNotMethods(), nil},
 		{"paths", o.GetPaths(), checkPath}, {"notPaths", o.GetNotPaths(), checkPath},
-	}
-	set := false
-	for _, l := range lists {
-		set = set || len(l.values) > 0
-		if fe := checkAuthzValues(p.f(l.name), l.values, l.check); fe != nil {
-			return fe
-		}
-	}
-	if !set {
-		return p.err("an operation must set at least one field")
-	}
-	return nil
+	})
 }
 
 func validateAuthzCondition(p path, c *security.Condition) *FieldError {
