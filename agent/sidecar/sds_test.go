@@ -24,8 +24,8 @@ import (
 // certificate API over real TLS); discovery's real CA is tested in controlplane.
 
 // sdsOptions is a pod whose proxy is a script that fails unless the SDS socket exists
-// when it starts, then waits: meshproxy cannot reach a pipe cluster (sds-grpc) yet, and
-// what is tested here is the agent's side.
+// when it starts, then waits: what is tested here is the agent's side (meshproxy's SDS
+// client is tested in testenv/proxy).
 func sdsOptions(t *testing.T, env ...string) (sidecar.Options, *running) {
 	o, r := options(t, pod{env: env, proxyConfig: `"terminationDrainDuration":"0s"`})
 	dir, err := os.MkdirTemp("", "sds") // a socket path has at most 107 bytes
