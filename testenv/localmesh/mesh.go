@@ -113,29 +113,43 @@ func Start(ctx context.Context, opts Options) (*Mesh, error) {
 		m.Close()
 		return nil, err
 	}
-	grpc, err := freePort("127.0.0.1")
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	httpPort, err := freePort("127.0.0.1")
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	m.grpcAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(grpc))
-	m.httpAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort))
-	if !opts.Plaintext {
-		if m.identity, err = newIdentity(m.opts.Dir, m.grpcAddr); err != nil {
-			m.Close()
-			return nil, err
-		}
-	}
-	if err := m.StartDiscovery(ctx); err != nil {
+	if err := m.startDiscoveryOnFreePorts(ctx); err != nil {
 		m.Close()
 		return nil, err
 	}
 	return m, nil
+}
+
+// pickPort is freePort; a variable for the test that takes a port before discovery binds it.
+var pickPort = freePort
+
+// startDiscoveryOnFreePorts starts discovery on ports the kernel had free. A port is free
+// when it is picked and may be taken (as an outgoing connection's source port, by another
+// mesh) before discovery binds it: then discovery says so and exits, and it is started
+// again on other ports.
+func (m *Mesh) startDiscoveryOnFreePorts(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		grpc, err := pickPort("127.0.0.1")
+		if err != nil {
+			return err
+		}
+		httpPort, err := pickPort("127.0.0.1")
+		if err != nil {
+			return err
+		}
+		m.grpcAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(grpc))
+		m.httpAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort))
+		if !m.opts.Plaintext {
+			if m.identity, err = newIdentity(m.opts.Dir, m.grpcAddr); err != nil {
+				return err
+			}
+		}
+		err = m.StartDiscovery(ctx)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return err
+		}
+		m.opts.Logf("discovery's port was taken before it bound it; starting it again on others: %v", err)
+	}
 }
 
 // netClaimPort is where a mesh holds a listener on 127.<net>.255.254, an address no pod

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -68,4 +69,29 @@ func twoPodsTalk(t *testing.T, plaintext bool) {
 	for _, p := range m.Pods() {
 		assert.False(t, p.Running(), p.Spec.Name)
 	}
+}
+
+// A port picked free can be taken before discovery binds it (by an outgoing connection's
+// source port, or another mesh): the mesh then starts discovery again on other ports.
+func TestDiscoveryStartsAgainWhenItsPortWasTaken(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	bin, _ := meshtest.Binaries(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	calls := 0
+	pickPort = func(ip string) (int, error) {
+		if calls++; calls == 1 {
+			return taken.Addr().(*net.TCPAddr).Port, nil
+		}
+		return freePort(ip)
+	}
+	defer func() { pickPort = freePort }()
+
+	m, err := Start(ctx, Options{BinDir: bin, Config: map[string]string{"services.yaml": twoServices}, Logf: t.Logf})
+	require.NoError(t, err)
+	defer m.Close()
+	assert.NotEqual(t, taken.Addr().String(), m.DiscoveryAddress())
+	assert.Equal(t, 4, calls, "two ports picked twice")
 }
