@@ -245,6 +245,14 @@ func (p *h1Pool) send(pc *h1Conn, req *http.Request, reused bool) (*http.Respons
 		// 1xx informational responses are not passed on.
 		_ = resp.Body.Close()
 	}
+	if err == nil && ctx.Err() != nil {
+		// Cancelled while the answer came: over TLS, closing sends close_notify before the
+		// socket closes, and a peer that sees it may still write a response (Go's HTTP
+		// server answers an abandoned request 200 with no body) that this read then takes.
+		// A response read after the cancellation is not the upstream's answer.
+		_ = resp.Body.Close()
+		err = ctx.Err()
+	}
 	if err != nil {
 		stop()
 		pc.closeAfterWrite(writeDone)
