@@ -98,12 +98,15 @@ func (c *xdsCaller) check(p *model.Proxy) error {
 	if p.ServiceAccount != "" && p.ServiceAccount != id.ServiceAccount {
 		return fmt.Errorf("node metadata SERVICE_ACCOUNT %q is not the caller's service account %q", p.ServiceAccount, id.ServiceAccount)
 	}
+	// The addresses are INSTANCE_IPS, else the node id's (<type>~<ip>~...): either way they
+	// become the workload's endpoints, so both are checked.
+	field := "node metadata INSTANCE_IPS"
 	if md["INSTANCE_IPS"].GetStringValue() == "" {
-		return nil
+		field = "node id " + p.ID
 	}
 	for _, ip := range p.IPAddresses {
 		if !c.holds(ip) {
-			return fmt.Errorf("node metadata INSTANCE_IPS: %s is not an address of %s/%s (%s)", ip, id.Namespace, id.ServiceAccount, c.ipSource())
+			return fmt.Errorf("%s: %s is not an address of %s/%s (%s)", field, ip, id.Namespace, id.ServiceAccount, c.ipSource())
 		}
 	}
 	return nil

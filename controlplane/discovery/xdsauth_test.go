@@ -254,10 +254,16 @@ func TestXDSAuthCertificates(t *testing.T) {
 		code  codes.Code
 		says  string
 	}{
-		{"valid, no addresses claimed", valid, "", hijacker(t, id, "demo", "reviews", ""), codes.OK, ""},
+		// Without INSTANCE_IPS the node id's address is the workload's: a certificate alone
+		// holds no address (no credential, no Kubernetes pod registry).
+		{"valid, the node id's address", valid, "", hijacker(t, id, "demo", "reviews", ""), codes.PermissionDenied,
+			"node id " + id + ": 127.0.0.99 is not an address of demo/reviews"},
 		{"valid, with the credential naming the address", valid, e.credential(t, "demo", "reviews", "127.0.0.99"),
 			hijacker(t, id, "demo", "reviews", "127.0.0.99"), codes.OK, ""},
-		{"valid, with an expired credential", valid, mintExpired(t, e), hijacker(t, id, "demo", "reviews", ""), codes.OK, ""},
+		{"valid, with an expired credential (ignored: no address held)", valid, mintExpired(t, e), hijacker(t, id, "demo", "reviews", ""),
+			codes.PermissionDenied, "127.0.0.99 is not an address of demo/reviews"},
+		{"valid, with the credential, the node id's address", valid, e.credential(t, "demo", "reviews", "127.0.0.99"),
+			hijacker(t, id, "demo", "reviews", ""), codes.OK, ""},
 		{"valid, claiming an address", valid, "", hijacker(t, id, "demo", "reviews", "127.0.0.99"), codes.PermissionDenied,
 			"INSTANCE_IPS: 127.0.0.99 is not an address of demo/reviews (a certificate names no addresses"},
 		{"valid, another identity's credential", valid, e.credential(t, "demo", "attacker", "127.0.0.99"),

@@ -241,6 +241,8 @@ func TestControlPlaneLetsNoOneIn(t *testing.T) {
 		evilIP := strings.Join(strings.Split(back.IP, ".")[:3], ".") + ".99"
 		err := adsFirstResponse(t, ctx, m.DiscoveryAddress(), roots, string(cred), evilIP, "frontend")
 		assert.Equal(t, codes.PermissionDenied, status.Code(err), "claiming %s: %v", evilIP, err)
+		err = adsFirstResponseNode(t, ctx, m.DiscoveryAddress(), roots, string(cred), evilIP, "frontend", false)
+		assert.Equal(t, codes.PermissionDenied, status.Code(err), "claiming %s in the node id only: %v", evilIP, err)
 		err = adsFirstResponse(t, ctx, m.DiscoveryAddress(), roots, string(cred), front.IP, "backend")
 		assert.Equal(t, codes.PermissionDenied, status.Code(err), "claiming the backend's service account: %v", err)
 		err = adsFirstResponse(t, ctx, m.DiscoveryAddress(), roots, "", front.IP, "frontend")
@@ -322,6 +324,12 @@ func tlsGet(rawURL string, cert tls.Certificate) error {
 // when empty) and a node claiming the backend's labels with address ip and service account
 // sa, and returns the error of its first response (nil when it was served).
 func adsFirstResponse(t *testing.T, ctx context.Context, addr string, roots *x509.CertPool, cred, ip, sa string) error {
+	return adsFirstResponseNode(t, ctx, addr, roots, cred, ip, sa, true)
+}
+
+// adsFirstResponseNode is adsFirstResponse, the address in the node id only when
+// instanceIPs is false (discovery then takes the node id's).
+func adsFirstResponseNode(t *testing.T, ctx context.Context, addr string, roots *x509.CertPool, cred, ip, sa string, instanceIPs bool) error {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(
 		&tls.Config{RootCAs: roots, ServerName: catest.ServerName, MinVersion: tls.VersionTLS12})))
 	require.NoError(t, err)
@@ -335,8 +343,11 @@ func adsFirstResponse(t *testing.T, ctx context.Context, addr string, roots *x50
 	if err != nil {
 		return err
 	}
-	md, err := structpb.NewStruct(map[string]any{"NAMESPACE": "default", "SERVICE_ACCOUNT": sa, "INSTANCE_IPS": ip,
-		"LABELS": map[string]any{"app": "backend", "version": "v1"}})
+	fields := map[string]any{"NAMESPACE": "default", "SERVICE_ACCOUNT": sa, "LABELS": map[string]any{"app": "backend", "version": "v1"}}
+	if instanceIPs {
+		fields["INSTANCE_IPS"] = ip
+	}
+	md, err := structpb.NewStruct(fields)
 	require.NoError(t, err)
 	err = stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster",
 		Node: &corev3.Node{Id: "sidecar~" + ip + "~backend-evil.default~default.svc.cluster.local", Metadata: md}})
