@@ -5,6 +5,7 @@ import (
 	"io"
 	"sync"
 
+	"github.com/wasmesh/wasmesh/testenv/proxy/internal/latch"
 	"github.com/wasmesh/wasmesh/testenv/proxy/streaminfo"
 )
 
@@ -12,46 +13,6 @@ var (
 	errBodyAbandoned = errors.New("request body no longer buffered (over the retry/shadow buffer limit)")
 	errStaleAttempt  = errors.New("request body taken over by a newer attempt")
 )
-
-// completion runs callbacks once the downstream request is complete (its body fully
-// read), which is when Envoy arms the route and per try timers.
-type completion struct {
-	mu   sync.Mutex
-	done bool
-	fns  []func()
-}
-
-func (c *completion) onComplete(f func()) {
-	c.mu.Lock()
-	if c.done {
-		c.mu.Unlock()
-		f()
-		return
-	}
-	c.fns = append(c.fns, f)
-	c.mu.Unlock()
-}
-
-func (c *completion) complete() {
-	c.mu.Lock()
-	if c.done {
-		c.mu.Unlock()
-		return
-	}
-	c.done = true
-	fns := c.fns
-	c.fns = nil
-	c.mu.Unlock()
-	for _, f := range fns {
-		f()
-	}
-}
-
-func (c *completion) isDone() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.done
-}
 
 // requestBody is the downstream request body as the router reads it: counted into the
 // stream info, reported as activity (idle timeout), completing the request at EOF, and,
@@ -63,7 +24,7 @@ type requestBody struct {
 	cond    *sync.Cond
 	src     io.Reader
 	info    *streaminfo.Info
-	done    *completion
+	done    *latch.Latch
 	touch   func()
 	keep    bool
 	limit   int
@@ -77,7 +38,7 @@ type requestBody struct {
 	onAbandon func()
 }
 
-func newRequestBody(src io.Reader, info *streaminfo.Info, done *completion, touch func(), keep bool, limit int, onAbandon func()) *requestBody {
+func newRequestBody(src io.Reader, info *streaminfo.Info, done *latch.Latch, touch func(), keep bool, limit int, onAbandon func()) *requestBody {
 	b := &requestBody{src: src, info: info, done: done, touch: touch, keep: keep, limit: limit, onAbandon: onAbandon}
 	b.cond = sync.NewCond(&b.mu)
 	return b
@@ -165,7 +126,7 @@ func (c *bodyCursor) Read(p []byte) (int, error) {
 			b.err = err
 		}
 		if b.eof {
-			defer b.done.complete()
+			defer b.done.Set()
 		}
 		if n == 0 {
 			continue

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
+	"github.com/wasmesh/wasmesh/testenv/proxy/internal/latch"
 	"github.com/wasmesh/wasmesh/testenv/proxy/route"
 	"github.com/wasmesh/wasmesh/testenv/proxy/streaminfo"
 	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
@@ -219,11 +220,13 @@ type forwarder struct {
 	pol      *routePolicy
 	suppress bool
 
-	out     *http.Request
-	tm      timeouts
-	rs      *retryState
-	body    *requestBody
-	done    completion
+	out  *http.Request
+	tm   timeouts
+	rs   *retryState
+	body *requestBody
+	// done is set when the downstream request is complete (its body fully read), which
+	// is when Envoy arms the route and per try timers.
+	done    latch.Latch
 	gctx    context.Context
 	gcancel context.CancelCauseFunc
 	lbctx   *upstream.LBContext
@@ -270,9 +273,9 @@ func (fw *forwarder) run() hcm.Status {
 			fw.rs.disable()
 		})
 	} else {
-		fw.done.complete()
+		fw.done.Set()
 	}
-	fw.done.onComplete(func() {
+	fw.done.OnSet(func() {
 		if fw.tm.global > 0 {
 			fw.addTimer(time.AfterFunc(fw.tm.global, func() { fw.gcancel(errGlobalTimeout) }))
 		}
@@ -441,7 +444,7 @@ func (fw *forwarder) attempt() *attemptResult {
 	res.release = release
 	pt := &perTryTimer{}
 	if d := fw.tm.perTry; d > 0 {
-		fw.done.onComplete(func() { pt.arm(d, acancel) })
+		fw.done.OnSet(func() { pt.arm(d, acancel) })
 	}
 	var local atomic.Value
 	trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
@@ -610,7 +613,7 @@ func (fw *forwarder) fail(res *attemptResult, flags streaminfo.Flag) hcm.Status 
 	case failIdleTimeout:
 		// Envoy answers 504 once the request was received in full, 408 before.
 		code = http.StatusRequestTimeout
-		if fw.done.isDone() {
+		if fw.done.IsSet() {
 			code = http.StatusGatewayTimeout
 		}
 		body, details, flag = bodyStreamTimeout, "stream_idle_timeout", streaminfo.StreamIdleTimeout

@@ -15,12 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/wasmesh/wasmesh/testenv/proxy/internal/latch"
 )
 
 // Secret is a secret checked and parsed.
@@ -157,17 +157,16 @@ type Provider struct {
 	// Source is the SDS cluster ("" for a static or inline secret).
 	Source string
 
-	cur     atomic.Pointer[Secret]
-	mu      sync.Mutex
-	done    bool
-	waiters []func()
+	cur  atomic.Pointer[Secret]
+	done latch.Latch // set once a value arrived or the initial fetch ended without one
 }
 
 // NewStatic is a provider with a fixed secret (inline in a TLS context, or a bootstrap
 // static secret).
 func NewStatic(s *Secret) *Provider {
-	p := &Provider{Name: s.Proto.GetName(), done: true}
+	p := &Provider{Name: s.Proto.GetName()}
 	p.cur.Store(s)
+	p.done.Set()
 	return p
 }
 
@@ -176,38 +175,12 @@ func (p *Provider) Current() *Secret { return p.cur.Load() }
 
 // Done reports whether the provider's initialization ended: a value arrived or the
 // initial fetch timeout passed.
-func (p *Provider) Done() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.done
-}
+func (p *Provider) Done() bool { return p.done.IsSet() }
 
 // OnDone calls f once the provider is done (at once if it already is).
-func (p *Provider) OnDone(f func()) {
-	p.mu.Lock()
-	if !p.done {
-		p.waiters = append(p.waiters, f)
-		p.mu.Unlock()
-		return
-	}
-	p.mu.Unlock()
-	f()
-}
+func (p *Provider) OnDone(f func()) { p.done.OnSet(f) }
 
-func (p *Provider) finish() {
-	p.mu.Lock()
-	if p.done {
-		p.mu.Unlock()
-		return
-	}
-	p.done = true
-	ws := p.waiters
-	p.waiters = nil
-	p.mu.Unlock()
-	for _, f := range ws {
-		f()
-	}
-}
+func (p *Provider) finish() { p.done.Set() }
 
 func (p *Provider) set(s *Secret) {
 	p.cur.Store(s)
