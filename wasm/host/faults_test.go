@@ -46,6 +46,9 @@ func TestFaultsFailOneRequestAndReplaceTheInstance(t *testing.T) {
 				}
 				// The failed stream no longer reaches the guest.
 				assert.True(t, s.OnResponseHeaders(ctx, NewHeaders([2]string{":status", "200"}), true).Skipped)
+				// It still holds the headers the proxy passed in, for the proxy to send on.
+				require.NotNil(t, s.ResponseHeaders())
+				assert.Equal(t, "200", hget(s.ResponseHeaders(), ":status"))
 				s.Finish(ctx)
 
 				st := f.p.Stats()

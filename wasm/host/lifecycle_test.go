@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	wg "github.com/wasmesh/wasmesh/wasm/host/internal/wasmgen"
 )
 
 func TestStartupReadsConfigurationAndRootID(t *testing.T) {
@@ -153,4 +155,35 @@ func TestABI010Guest(t *testing.T) {
 	assert.Equal(t, Pause, res.Action)
 	assert.Equal(t, []Signal{{Kind: SignalClearRouteCache, Stream: StreamRequest}, {Kind: SignalContinue, Stream: StreamResponse}}, res.Signals)
 	s.Finish(ctx)
+}
+
+// A callback whose signature the host cannot call is refused when the module is loaded,
+// naming it: a stream callback must return its i32 action. on_vm_start, on_configure and
+// on_done may return nothing (then they count as true).
+func TestCallbackSignaturesAreCheckedAtLoad(t *testing.T) {
+	ctx := context.Background()
+	rt := newRuntime(t)
+	module := func(extra ...wg.Func) []byte {
+		funcs := []wg.Func{
+			{Name: "proxy_abi_version_0_2_1"},
+			{Name: "proxy_on_memory_allocate", Params: 1, Results: 1, Body: wg.I32Const(1024)},
+		}
+		return wg.Module{Funcs: append(funcs, extra...), MemPages: 1, Start: -1}.Encode()
+	}
+	_, err := rt.Compile(ctx, module(wg.Func{Name: "proxy_on_request_headers", Params: 3}))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "export proxy_on_request_headers has signature")
+	assert.Contains(t, err.Error(), "want [3 2] i32 params")
+
+	_, err = rt.Compile(ctx, module(wg.Func{Name: "proxy_on_done", Params: 2, Results: 1, Body: wg.I32Const(1)}))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "export proxy_on_done has signature")
+	assert.Contains(t, err.Error(), "want [1] i32 params")
+
+	_, err = rt.Compile(ctx, module(
+		wg.Func{Name: "proxy_on_vm_start", Params: 2},
+		wg.Func{Name: "proxy_on_configure", Params: 2},
+		wg.Func{Name: "proxy_on_done", Params: 1},
+	))
+	require.NoError(t, err)
 }

@@ -174,3 +174,21 @@ func TestSerializeProperty(t *testing.T) {
 		assert.Equal(t, tc.want, got, "%#v", tc.v)
 	}
 }
+
+// In a TCP stream's context there is no HTTP request or response: their attributes are not
+// found (as in an Envoy network filter, where the request and response wrappers have no
+// headers), while the connection's are.
+func TestPropertiesOfAConnection(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, "kitchen", PluginConfig{Configuration: []byte(
+		"conn-props=request.path;request.method;response.code;response.headers.x;source.address;connection.mtls")}, Environment{})
+	s, err := f.p.NewNetworkStream(ctx, StreamOptions{Info: streamInfo()})
+	require.NoError(t, err)
+	res := s.OnNewConnection(ctx)
+	require.Nil(t, res.Failure)
+	s.Finish(ctx)
+	rec, ok := f.logs.find("connection ")
+	require.True(t, ok, f.logs.messages())
+	assert.Equal(t, "connection x-prop-connection.mtls=0:01 x-prop-request.method=1: x-prop-request.path=1: "+
+		"x-prop-response.code=1: x-prop-response.headers.x=1: x-prop-source.address=0:"+hex.EncodeToString([]byte("10.0.0.1:1234")), rec.Msg)
+}

@@ -205,3 +205,81 @@ func FuzzInstrument(f *testing.F) {
 		_ = c.Close(ctx)
 	})
 }
+
+// Modules wasmgen cannot make: raw sections after the header.
+func rawModule(sections ...[]byte) []byte {
+	out := []byte("\x00asm\x01\x00\x00\x00")
+	for _, s := range sections {
+		out = append(out, s...)
+	}
+	return out
+}
+
+func rawSection(id byte, body ...byte) []byte {
+	return append(append([]byte{id}, wg.ULEB(uint64(len(body)))...), body...)
+}
+
+var (
+	oneFuncOfType0 = rawSection(secFunction, 1, 0)
+	oneMemory      = rawSection(secMemory, 1, 0, 1)
+	oneEmptyBody   = rawSection(secCode, 1, 2, 0, opEnd) // no locals, just end
+	voidType       = rawSection(secType, 1, 0x60, 0, 0)  // () -> ()
+)
+
+// A type that is not a function type (0x60) is refused by its form; a type section that
+// ends early is refused as such, not as a type of form 0.
+func TestTypeSectionRefusals(t *testing.T) {
+	_, err := Instrument(rawModule(rawSection(secType, 1, 0x5f, 0, 0), oneFuncOfType0, oneMemory, oneEmptyBody))
+	assert.EqualError(t, err, "type section: unsupported type form 0x5f")
+
+	_, err = Instrument(rawModule(rawSection(secType, 1), oneFuncOfType0, oneMemory, oneEmptyBody))
+	assert.EqualError(t, err, "section 1: unexpected end of data")
+}
+
+// A function whose type index is past the type section is refused, not a panic: index 1
+// of a section of one type is the first out of range.
+func TestTypeIndexOutOfRange(t *testing.T) {
+	wasm := rawModule(voidType, rawSection(secFunction, 1, 1), oneMemory, oneEmptyBody)
+	var err error
+	require.NotPanics(t, func() { _, err = Instrument(wasm) })
+	assert.EqualError(t, err, "code section: function 0: type 1 out of range")
+}
+
+// The counter is one more local: a function that already has 2^32-1 locals (the most a
+// local index can name, counting from 0, is 2^32-1 locals in all) has no room for it,
+// one with a local fewer does.
+func TestLocalsAtTheLimit(t *testing.T) {
+	body := func(locals uint64) []byte {
+		b := append([]byte{1}, wg.ULEB(locals)...) // one group of i32 locals
+		b = append(b, valI32, opEnd)
+		return rawSection(secCode, append(append([]byte{1}, wg.ULEB(uint64(len(b)))...), b...)...)
+	}
+	_, err := Instrument(rawModule(voidType, oneFuncOfType0, oneMemory, body(1<<32-1)))
+	assert.EqualError(t, err, "code section: function body 0: too many locals")
+
+	ins, err := Instrument(rawModule(voidType, oneFuncOfType0, oneMemory, body(1<<32-2)))
+	require.NoError(t, err)
+	// Two groups now: the function's and the counter's (1, i32).
+	assert.True(t, bytes.Contains(ins, append(append([]byte{2}, wg.ULEB(1<<32-2)...), valI32, 1, valI32, opEnd)))
+}
+
+// Functions of several parameters: the parameters are skipped by their count, and the
+// counter comes after them and the declared locals.
+func TestSeveralParams(t *testing.T) {
+	ctx := context.Background()
+	// mul(a, b) adds a to itself b times in a loop; local 2 is wasmgen's, the result.
+	orig := wg.Module{Funcs: []wg.Func{{Name: "mul", Params: 2, Results: 1, Body: wg.Cat(
+		wg.Block, wg.Loop,
+		wg.LocalGet(1), wg.I32Eqz, wg.BrIf(1),
+		wg.LocalGet(2), wg.LocalGet(0), wg.I32Add, wg.LocalSet(2),
+		wg.LocalGet(1), wg.I32Const(1), wg.I32Sub, wg.LocalSet(1),
+		wg.Br(0), wg.End, wg.End,
+		wg.LocalGet(2),
+	)}}, MemPages: 1, Start: -1}.Encode()
+	ins, err := Instrument(orig)
+	require.NoError(t, err)
+	assert.Equal(t, 1, bytes.Count(ins, check(0, 3)))
+	res, err := instantiate(t, ins).ExportedFunction("mul").Call(ctx, 7, 5000)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(35000), res[0]&0xffffffff)
+}

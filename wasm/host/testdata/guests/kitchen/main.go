@@ -489,6 +489,13 @@ func onForeignFunction(root, fid, size uint32) {
 //go:wasmexport proxy_on_new_connection
 func onNewConnection(id uint32) uint32 {
 	abi.ProxyIncrementMetric(connsID, 1)
+	// conn-props (plugin configuration): properties to read in a TCP stream's context.
+	if list, ok := cfg["conn-props"]; ok {
+		var parts []string
+		props(0, list, func(k, v string) { parts = append(parts, k+"="+v) })
+		sort.Strings(parts)
+		abi.Log(2, "connection "+strings.Join(parts, " "))
+	}
 	return 0
 }
 
