@@ -2,10 +2,7 @@ module github.com/wasmesh/wasmesh/filters
 
 go 1.26.0
 
-require (
-	github.com/stretchr/testify v1.12.1
-	github.com/tetratelabs/proxy-wasm-go-sdk v0.24.0
-)
+require github.com/stretchr/testify v1.12.1
 
 require (
 	cel.dev/expr v0.25.3 // indirect
@@ -26,6 +23,7 @@ require (
 
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
+	github.com/proxy-wasm/proxy-wasm-go-sdk v0.0.0-20260105142703-44c7d5847745
 	github.com/wasmesh/wasmesh/wasm v0.0.0
 	google.golang.org/protobuf v1.36.12
 	istio.io/api v1.31.1

@@ -11,9 +11,10 @@ package main
 import (
 	"errors"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
-	"github.com/wasmesh/wasmesh/filters/proxywasm"
+	_ "github.com/wasmesh/wasmesh/filters/internal/guestgc" // the collector's target in wasip1 builds
 )
 
 // init registers the VM context: a reactor's host runs _initialize (package

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
-	"github.com/wasmesh/wasmesh/filters/proxywasm"
 )
 
 const (
@@ -182,21 +182,25 @@ func (p *pluginContext) attr(i int) (string, bool) {
 	return v, ok
 }
 
-// readAttr reads an attribute into the scratch buffer and returns its value, interned:
+// readAttr reads an attribute and returns its value, interned:
 // the values that pick buckets repeat from request to request.
 func (p *pluginContext) readAttr(a *attribute) (string, bool) {
 	s := &p.scratch
 	var b []byte
 	var err error
 	if a.path != nil {
-		b, err = proxywasm.AppendProperty(s.value[:0], a.path)
+		b, err = proxywasm.GetProperty(a.path)
 		if err != nil || len(b) == 0 { // e.g. no peer certificate: no principal
 			return "", false
 		}
-	} else if b, err = proxywasm.AppendHttpRequestHeader(s.value[:0], a.header); err != nil {
-		return "", false
+	} else {
+		v, err := proxywasm.GetHttpRequestHeader(a.header)
+		if err != nil {
+			return "", false
+		}
+		b = append(s.value[:0], v...)
+		s.value = b[:0]
 	}
-	s.value = b[:0]
 	switch a.source {
 	case sourcePathPrefix:
 		for _, prefix := range a.prefixes {

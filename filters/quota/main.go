@@ -114,11 +114,12 @@ import (
 	"errors"
 	"time"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
+	_ "github.com/wasmesh/wasmesh/filters/internal/guestgc" // the collector's target in wasip1 builds
 	"github.com/wasmesh/wasmesh/filters/internal/intern"
 	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
-	"github.com/wasmesh/wasmesh/filters/proxywasm"
 )
 
 // init registers the VM context: a reactor's host runs _initialize (package
@@ -148,17 +149,14 @@ func (vm *vmContext) newPlugin() *pluginContext {
 	return p
 }
 
-// sharedData is the ratelimit.Store over proxy-wasm shared data.
-// sharedData is the limiter's store. Get reads into a buffer reused from call to call,
-// which the Store contract allows (the limiter neither keeps nor changes the value).
-type sharedData struct{ buf []byte }
+// sharedData is the limiter's store: proxy-wasm shared data.
+type sharedData struct{}
 
-func (s *sharedData) Get(key string) ([]byte, uint32, error) {
-	v, cas, err := proxywasm.AppendSharedData(s.buf[:0], key)
+func (*sharedData) Get(key string) ([]byte, uint32, error) {
+	v, cas, err := proxywasm.GetSharedData(key)
 	if errors.Is(err, types.ErrorStatusNotFound) {
 		return nil, 0, ratelimit.ErrNotFound
 	}
-	s.buf = v[:0]
 	return v, cas, err
 }
 

@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/wasmesh/wasmesh/filters/internal/emulator"
 	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
-	"github.com/wasmesh/wasmesh/filters/proxywasm"
 )
 
 // clock is the test's controllable time.

@@ -195,8 +195,8 @@ func stripPort(authority string) string {
 
 // isGRPC says whether a request's content-type makes its request_protocol "grpc" rather
 // than "http", as in Istio.
-func isGRPC(contentType []byte) bool {
-	return len(contentType) >= len(grpcContentType) && string(contentType[:len(grpcContentType)]) == grpcContentType
+func isGRPC(contentType string) bool {
+	return strings.HasPrefix(contentType, grpcContentType)
 }
 
 // responseFlagCodes are Envoy's response flag bits (StreamInfo::ResponseFlag) and their

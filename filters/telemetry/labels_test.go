@@ -53,10 +53,10 @@ func TestResponseFlags(t *testing.T) {
 }
 
 func TestRequestProtocol(t *testing.T) {
-	assert.True(t, isGRPC([]byte("application/grpc")))
-	assert.True(t, isGRPC([]byte("application/grpc+proto")))
-	assert.False(t, isGRPC([]byte("application/json")))
-	assert.False(t, isGRPC(nil))
+	assert.True(t, isGRPC("application/grpc"))
+	assert.True(t, isGRPC("application/grpc+proto"))
+	assert.False(t, isGRPC("application/json"))
+	assert.False(t, isGRPC(""))
 }
 
 func TestSetWorkloadLabels(t *testing.T) {

@@ -37,10 +37,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
+	_ "github.com/wasmesh/wasmesh/filters/internal/guestgc" // the collector's target in wasip1 builds
 	"github.com/wasmesh/wasmesh/filters/internal/intern"
-	"github.com/wasmesh/wasmesh/filters/proxywasm"
 )
 
 // init registers the VM context: a reactor's host runs _initialize (package
@@ -96,11 +97,10 @@ type pluginContext struct {
 	mvals  []int64
 	mok    []bool
 
-	// scratch receives the properties and headers read on every request; strs interns
-	// the strings kept from them (see str) and flags the response_flags texts.
-	scratch []byte
-	strs    *intern.Table
-	flags   map[uint64]string
+	// strs interns the strings kept from properties (see str) and flags the
+	// response_flags texts.
+	strs  *intern.Table
+	flags map[uint64]string
 
 	// direction is the listener direction read at configuration time, as Istio does;
 	// 0 when the host had none then, and it is read per request instead.
@@ -155,16 +155,13 @@ func (p *pluginContext) configure(data []byte) error {
 	return nil
 }
 
-// Reading a property or header allocates its result in a Wasm guest, which costs more than
-// most of a request's work; so per-request reads go to a reused scratch buffer, values are
-// decoded from there, and the strings that labels keep are interned: a service, a
-// principal or a status code is the same string from one request to the next.
+// Properties are read into the guest's memory by the host; values are decoded from there,
+// and the strings that labels keep are interned: a service, a principal or a status code is
+// the same string from one request to the next.
 
-// property reads a property into the scratch buffer; the bytes are valid until the next
-// read.
+// property reads a property.
 func (p *pluginContext) property(path []string) ([]byte, bool) {
-	b, err := proxywasm.AppendProperty(p.scratch[:0], path)
-	p.scratch = b[:0]
+	b, err := proxywasm.GetProperty(path)
 	return b, err == nil
 }
 
@@ -186,17 +183,14 @@ func (p *pluginContext) stringProperty(path []string) string {
 	return p.str(b)
 }
 
-// header reads a request or response header into the scratch buffer.
-func (p *pluginContext) header(response bool, name string) ([]byte, bool) {
-	var b []byte
-	var err error
+// readHeader reads a request or response header.
+func readHeader(response bool, name string) (string, bool) {
+	get := proxywasm.GetHttpRequestHeader
 	if response {
-		b, err = proxywasm.AppendHttpResponseHeader(p.scratch[:0], name)
-	} else {
-		b, err = proxywasm.AppendHttpRequestHeader(p.scratch[:0], name)
+		get = proxywasm.GetHttpResponseHeader
 	}
-	p.scratch = b[:0]
-	return b, err == nil
+	v, err := get(name)
+	return v, err == nil
 }
 
 // str returns b as a string, the same one every time while the table has room.
@@ -312,11 +306,9 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 		h.start = time.Now()
 	}
 	if u := &p.plan.usedLabels; u[lblDestinationService] || u[lblDestinationServiceName] || u[lblDestinationServiceNamespace] {
-		if b, ok := p.header(false, ":authority"); ok {
-			h.authority = p.str(b)
-		}
+		h.authority, _ = readHeader(false, ":authority")
 	}
-	ct, _ := p.header(false, "content-type")
+	ct, _ := readHeader(false, "content-type")
 	h.grpc = isGRPC(ct)
 	h.capture(p.plan.requestHeaderSlots, proxywasm.GetHttpRequestHeader)
 
@@ -327,7 +319,7 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 		return types.ActionContinue
 	}
 	// Server side: take the client's identity and keep it from the application.
-	if b, ok := p.header(false, headerPeerMetadata); ok {
+	if b, ok := readHeader(false, headerPeerMetadata); ok {
 		h.setPeer(b)
 		logIfErr(proxywasm.RemoveHttpRequestHeader(headerPeerMetadata))
 	}
@@ -342,13 +334,9 @@ func (h *httpContext) OnHttpRequestBody(size int, _ bool) types.Action {
 
 func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	p := h.p
-	if b, ok := p.header(true, ":status"); ok {
-		h.status = p.str(b)
-	}
+	h.status, _ = readHeader(true, ":status")
 	if h.grpc {
-		if b, ok := p.header(true, "grpc-status"); ok {
-			h.grpcStatus = p.str(b)
-		}
+		h.grpcStatus, _ = readHeader(true, "grpc-status")
 	}
 	h.capture(p.plan.responseHeaderSlots, proxywasm.GetHttpResponseHeader)
 
@@ -358,7 +346,7 @@ func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 		return types.ActionContinue
 	}
 	// Client side: take the server's identity and keep it from the application.
-	if b, ok := p.header(true, headerPeerMetadata); ok {
+	if b, ok := readHeader(true, headerPeerMetadata); ok {
 		h.setPeer(b)
 		logIfErr(proxywasm.RemoveHttpResponseHeader(headerPeerMetadata))
 	}
@@ -445,7 +433,7 @@ func (h *httpContext) attr(slot int) (value, bool) {
 }
 
 // setPeer decodes the other side's metadata header (through the plugin's cache).
-func (h *httpContext) setPeer(header []byte) {
+func (h *httpContext) setPeer(header string) {
 	w, err := h.p.peers.get(header)
 	if err != nil {
 		proxywasm.LogDebugf("telemetry: ignoring peer metadata: %v", err)

@@ -397,13 +397,12 @@ func newPeerCache(max int) *peerCache {
 }
 
 // get returns the workload for header, nil if it does not decode (a peer that sends
-// garbage is reported like one that sends nothing). err says why, for logging. header
-// may be reused by the caller afterwards.
-func (c *peerCache) get(header []byte) (w *workload, err error) {
-	if w, ok := c.m[string(header)]; ok {
+// garbage is reported like one that sends nothing). err says why, for logging.
+func (c *peerCache) get(header string) (w *workload, err error) {
+	if w, ok := c.m[header]; ok {
 		return w, nil
 	}
-	id, err := decodePeerMetadata(string(header))
+	id, err := decodePeerMetadata(header)
 	if err == nil {
 		w = newWorkload(id)
 	}
@@ -411,7 +410,7 @@ func (c *peerCache) get(header []byte) (w *workload, err error) {
 		if len(c.m) >= c.max {
 			clear(c.m)
 		}
-		c.m[string(header)] = w
+		c.m[header] = w
 	}
 	return w, err
 }

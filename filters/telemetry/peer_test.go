@@ -126,20 +126,20 @@ func TestWorkloadDerivedLabels(t *testing.T) {
 func TestPeerCacheIsBounded(t *testing.T) {
 	c := newPeerCache(3)
 	for i := 0; i < 10; i++ {
-		w, err := c.get([]byte(encodePeerMetadata(nodeIdentity{WorkloadName: string(rune('a' + i))})))
+		w, err := c.get(encodePeerMetadata(nodeIdentity{WorkloadName: string(rune('a' + i))}))
 		require.NoError(t, err)
 		require.Equal(t, string(rune('a'+i)), w.id.WorkloadName)
 		assert.LessOrEqual(t, len(c.m), 3)
 	}
-	w, err := c.get([]byte("garbage!"))
+	w, err := c.get("garbage!")
 	assert.Nil(t, w)
 	assert.Error(t, err)
-	w, err = c.get([]byte("garbage!"))
+	w, err = c.get("garbage!")
 	assert.Nil(t, w, "a bad value is remembered as bad")
 	assert.NoError(t, err)
 
 	off := newPeerCache(-1)
-	_, err = off.get([]byte(encodePeerMetadata(nodeIdentity{WorkloadName: "x"})))
+	_, err = off.get(encodePeerMetadata(nodeIdentity{WorkloadName: "x"}))
 	require.NoError(t, err)
 	assert.Empty(t, off.m)
 }

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/proxytest"
+	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
 )
 
 var (
