@@ -4,10 +4,13 @@ import (
 	"testing"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/wasmesh/wasmesh/controlplane/model"
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
@@ -106,4 +109,59 @@ spec:
 		got = append(got, l.GetRegion()+"|"+l.GetZone()+"|"+l.GetSubZone())
 	}
 	assert.ElementsMatch(t, []string{"eu||", "us|east|"}, got)
+}
+
+// failoverPriority and failover together: the label priorities come first and the locality
+// failover orders the endpoints within each of them (Istio's applyLocalityFailover keeps an
+// assigned priority times 5 and adds the locality's 0 to 4), then the priorities are made
+// consecutive.
+func TestFailoverPriorityThenLocalityFailover(t *testing.T) {
+	snap := snapshotOf(t, `apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http}]
+  endpoints:
+  - {address: 10.1.0.1, locality: us-east/zone1/a, labels: {topology.istio.io/network: n1}}
+  - {address: 10.1.0.2, locality: us-east/zone1/a, labels: {topology.istio.io/network: n2}}
+  - {address: 10.1.0.3, locality: eu-west/zone1, labels: {topology.istio.io/network: n1}}
+  - {address: 10.1.0.4, locality: us-west/zone1, labels: {topology.istio.io/network: n1}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: shop}
+spec:
+  host: reviews.shop.svc.cluster.local
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 3}
+    loadBalancer:
+      localityLbSetting:
+        failoverPriority: [topology.istio.io/network]
+        failover: [{from: us-east, to: eu-west}]
+`)
+	md, err := structpb.NewStruct(map[string]any{"NAMESPACE": "shop",
+		"LABELS": map[string]any{"app": "client", "topology.istio.io/network": "n1"}})
+	require.NoError(t, err)
+	p, err := model.ParseNode(&core.Node{Id: "sidecar~10.2.0.1~client-1.shop~shop.svc.cluster.local", Metadata: md,
+		Locality: &core.Locality{Region: "us-east", Zone: "zone1", SubZone: "a"}})
+	require.NoError(t, err)
+	rs := xds.Endpoints(xds.NewView(snap, p), []string{"outbound|9080||reviews.shop.svc.cluster.local"})
+	require.Len(t, rs, 1)
+	cla := rs[0].Message.(*endpoint.ClusterLoadAssignment)
+	require.NoError(t, cla.ValidateAll())
+	got := map[string]uint32{}
+	for _, le := range cla.GetEndpoints() {
+		for _, lb := range le.GetLbEndpoints() {
+			got[lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()] = le.GetPriority()
+		}
+	}
+	assert.Equal(t, map[string]uint32{
+		"10.1.0.1": 0, // same network, same locality
+		"10.1.0.3": 1, // same network, the failover region
+		"10.1.0.4": 2, // same network, elsewhere
+		"10.1.0.2": 3, // another network, however close
+	}, got)
 }

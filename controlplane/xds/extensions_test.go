@@ -2,6 +2,7 @@ package xds_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -80,4 +81,29 @@ func TestPluginsKeyTheSharedListeners(t *testing.T) {
 	fb := httpFilterNames(t, xds.Listeners(b), "0.0.0.0_9080")
 	assert.False(t, slices.Contains(fa, "default.reviews-quota"))
 	assert.True(t, slices.Contains(fb, "default.reviews-quota"))
+}
+
+// A problem names the EnvoyFilter patch by its index, the first one too.
+func TestAProblemNamesItsPatch(t *testing.T) {
+	snap := snapshotOf(t, reviewsSE+`---
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: bad, namespace: shop}
+spec:
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match: {context: SIDECAR_OUTBOUND}
+    patch: {operation: ADD, value: {name: after-router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer, max_request_bytes: 1024}}}
+`)
+	v := viewIn(t, snap, nil)
+	l := xds.Listeners(v).Find("0.0.0.0_9080")
+	require.NotNil(t, l)
+	require.NoError(t, l.Message.(*listener.Listener).ValidateAll())
+	assert.NotContains(t, httpFilterNames(t, xds.Listeners(v), "0.0.0.0_9080"), "after-router")
+	problems := xds.Problems(snap)
+	require.NotEmpty(t, problems)
+	for _, p := range problems {
+		assert.Equal(t, 0, p.Patch)
+		assert.True(t, strings.HasPrefix(p.String(), "EnvoyFilter shop/bad configPatches[0] not applied to "), p.String())
+	}
 }

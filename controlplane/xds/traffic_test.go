@@ -1,6 +1,7 @@
 package xds_test
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -446,8 +447,21 @@ spec:
 	require.NoError(t, in.Items[0].Message.(*listener.Listener).ValidateAll())
 }
 
+// A DestinationRule's TCP idle timeout and maximum connection duration land on the outbound
+// tcp_proxy each on its own (Istio's tcp_proxy idle_timeout and
+// max_downstream_connection_duration); without either the tcp_proxy has neither.
 func TestTCPConnectionPoolTimesLandOnTheTCPProxy(t *testing.T) {
-	v := viewOf(t, `apiVersion: networking.istio.io/v1
+	for _, tc := range []struct {
+		tcp            string
+		idle, duration time.Duration
+	}{
+		{"{idleTimeout: 90s, maxConnectionDuration: 1h}", 90 * time.Second, time.Hour},
+		{"{idleTimeout: 90s}", 90 * time.Second, 0},
+		{"{maxConnectionDuration: 1h}", 0, time.Hour},
+		{"{connectTimeout: 5s}", 0, 0},
+	} {
+		t.Run(tc.tcp, func(t *testing.T) {
+			v := viewOf(t, `apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: db, namespace: shop}
 spec:
@@ -462,14 +476,20 @@ kind: DestinationRule
 metadata: {name: db, namespace: shop}
 spec:
   host: db.shop.svc.cluster.local
-  trafficPolicy: {connectionPool: {tcp: {idleTimeout: 90s, maxConnectionDuration: 1h}}}
+  trafficPolicy: {connectionPool: {tcp: `+tc.tcp+`}}
 `, nil)
-	l := xds.Listeners(v).Find("0.0.0.0_5432").Message.(*listener.Listener)
-	var tp tcpproxy.TcpProxy
-	require.NoError(t, l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&tp))
-	assert.Equal(t, "outbound|5432||db.shop.svc.cluster.local", tp.GetCluster())
-	assert.Equal(t, 90*time.Second, tp.GetIdleTimeout().AsDuration())
-	assert.Equal(t, time.Hour, tp.GetMaxDownstreamConnectionDuration().AsDuration())
+			l := xds.Listeners(v).Find("0.0.0.0_5432").Message.(*listener.Listener)
+			require.NoError(t, l.ValidateAll())
+			var tp tcpproxy.TcpProxy
+			require.NoError(t, l.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&tp))
+			require.NoError(t, tp.ValidateAll())
+			assert.Equal(t, "outbound|5432||db.shop.svc.cluster.local", tp.GetCluster())
+			assert.Equal(t, tc.idle, tp.GetIdleTimeout().AsDuration())
+			assert.Equal(t, tc.idle != 0, tp.GetIdleTimeout() != nil)
+			assert.Equal(t, tc.duration, tp.GetMaxDownstreamConnectionDuration().AsDuration())
+			assert.Equal(t, tc.duration != 0, tp.GetMaxDownstreamConnectionDuration() != nil)
+		})
+	}
 }
 
 // Each form of Sidecar egress host imports what it names: an exact host in a namespace or
@@ -547,5 +567,63 @@ spec:
 	for host, reached := range want {
 		assert.Equal(t, reached, rebuilt.Scope.Service(host) != nil || rebuilt.Scope.RoutesHost(host), "scope built on the new snapshot, %s", host)
 		assert.Equal(t, reached, old.Scope.Reaches(rebuilt.Snapshot, host), "earlier scope asked of the new snapshot, %s", host)
+	}
+}
+
+// A route whose every match names sourceLabels exists only for the proxies those labels
+// select (Istio's sourceMatchHTTP): proxies of one namespace differing only by labels get
+// their own routes.
+func TestSourceLabelsAloneMakeRoutesPerWorkload(t *testing.T) {
+	snap := snapshotOf(t, reviewsSE+reviewsSubsets+`---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.svc.cluster.local]
+  http:
+  - match: [{sourceLabels: {app: tester}}]
+    route: [{destination: {host: reviews.shop.svc.cluster.local, subset: v1}}]
+  - route: [{destination: {host: reviews.shop.svc.cluster.local, subset: v2}}]
+`)
+	clusters := func(app string) []string {
+		v := viewIn(t, snap, map[string]any{"NAMESPACE": "shop", "LABELS": map[string]any{"app": app}})
+		rc := routeConfig(t, v, "9080")
+		require.NoError(t, rc.ValidateAll())
+		var out []string
+		for _, r := range vhost(t, rc, "reviews.shop.svc.cluster.local:9080").GetRoutes() {
+			out = append(out, r.GetRoute().GetCluster())
+		}
+		return out
+	}
+	// For the tester the first route matches everything, so it is the last (as Istio's
+	// catch-all route ends the list).
+	assert.Equal(t, []string{"outbound|9080|v1|reviews.shop.svc.cluster.local"}, clusters("tester"))
+	assert.Equal(t, []string{"outbound|9080|v2|reviews.shop.svc.cluster.local"}, clusters("client"))
+	assert.Equal(t, []string{"outbound|9080|v1|reviews.shop.svc.cluster.local"}, clusters("tester"))
+}
+
+// Of two DestinationRules in the proxy's namespace whose workload selectors both select it,
+// for the same host, the first (by name) applies, as in Istio's SidecarScope.DestinationRule
+// (the first rule whose selector matches); alike for an exact host and for a wildcard.
+func TestOfTwoSelectingRulesForOneHostTheFirstApplies(t *testing.T) {
+	for _, host := range []string{"reviews.shop.svc.cluster.local", "*.shop.svc.cluster.local"} {
+		t.Run(host, func(t *testing.T) {
+			rule := func(name, selector string, maxConns int) string {
+				return fmt.Sprintf(`---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: %s, namespace: shop}
+spec:
+  host: "%s"
+  workloadSelector: {matchLabels: {%s}}
+  trafficPolicy: {connectionPool: {tcp: {maxConnections: %d}}}
+`, name, host, selector, maxConns)
+			}
+			v := viewOf(t, reviewsSE+rule("a-first", "app: client", 1)+rule("b-second", "version: v1", 2),
+				map[string]any{"NAMESPACE": "shop", "LABELS": map[string]any{"app": "client", "version": "v1"}})
+			c := clusterOf(t, v, "outbound|9080||reviews.shop.svc.cluster.local")
+			require.NoError(t, c.ValidateAll())
+			assert.Equal(t, uint32(1), c.GetCircuitBreakers().GetThresholds()[0].GetMaxConnections().GetValue())
+		})
 	}
 }
