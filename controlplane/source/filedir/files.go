@@ -23,13 +23,17 @@ func isConfigFile(name string) bool {
 }
 
 // walk lists the config files of the tree, sorted.
-func (s *Source) walk() ([]string, error) {
+func (s *Source) walk() ([]string, error) { return ConfigFiles(s.dir) }
+
+// ConfigFiles lists the config files of the tree at dir as the source reads them (.yaml,
+// .yml and .json files, not hidden, outside hidden directories), sorted.
+func ConfigFiles(dir string) ([]string, error) {
 	var files []string
-	err := filepath.WalkDir(s.dir, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && p != s.dir && strings.HasPrefix(d.Name(), ".") {
+		if d.IsDir() && p != dir && strings.HasPrefix(d.Name(), ".") {
 			return filepath.SkipDir // e.g. Kubernetes ConfigMap ..data symlink farms
 		}
 		if !d.IsDir() && isConfigFile(p) {
@@ -38,7 +42,7 @@ func (s *Source) walk() ([]string, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reading config directory %s: %w", s.dir, err)
+		return nil, fmt.Errorf("reading config directory %s: %w", dir, err)
 	}
 	sort.Strings(files)
 	return files, nil

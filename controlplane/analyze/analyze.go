@@ -1,0 +1,250 @@
+// Package analyze checks Istio configuration offline, as istioctl analyze does: every
+// document goes through discovery's own parser and validation (package config), and the
+// valid configs through cross-object checks (routes to unknown hosts or subsets, subsets
+// selecting no workload, Sidecars importing nothing, EnvoyFilters patching nothing,
+// conflicting DestinationRules, WasmPlugin modules that cannot be had).
+package analyze
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
+)
+
+// Level is a message's severity, istioctl's.
+type Level int
+
+// Levels, from the least severe.
+const (
+	Info Level = iota
+	Warning
+	Error
+)
+
+func (l Level) String() string {
+	switch l {
+	case Error:
+		return "Error"
+	case Warning:
+		return "Warning"
+	}
+	return "Info"
+}
+
+// ParseLevel reads a level's name (any case), as istioctl's --failure-threshold takes it.
+func ParseLevel(s string) (Level, error) {
+	for _, l := range []Level{Info, Warning, Error} {
+		if strings.EqualFold(s, l.String()) {
+			return l, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown level %q: want Info, Warning or Error", s)
+}
+
+// Message is one finding, shaped as istioctl's.
+type Message struct {
+	Code  string `json:"code"`
+	Level string `json:"level"`
+	// Origin names the config ("VirtualService default/reviews"); Reference is where it is
+	// ("file.yaml:12").
+	Origin    string `json:"origin,omitempty"`
+	Reference string `json:"reference,omitempty"`
+	Message   string `json:"message"`
+
+	level Level
+}
+
+// Severity is the message's level.
+func (m Message) Severity() Level { return m.level }
+
+// String is istioctl's log line: Error [IST0101] (VirtualService default/reviews a.yaml:12) text.
+func (m Message) String() string {
+	origin := ""
+	if m.Origin != "" {
+		origin = " (" + strings.TrimSpace(m.Origin+" "+m.Reference) + ")"
+	}
+	return fmt.Sprintf("%s [%s]%s %s", m.Level, m.Code, origin, m.Message)
+}
+
+// Result is what an analysis found.
+type Result struct {
+	Messages []Message
+	// Files lists the files analyzed; ParseErrors counts the documents that are not YAML at
+	// all (istioctl's "files could not be parsed").
+	Files       []string
+	ParseErrors int
+}
+
+// Options tune an analysis.
+type Options struct {
+	// SkipModules does not fetch WasmPlugin modules (no network).
+	SkipModules bool
+}
+
+// Paths analyzes files and directories (read as discovery's --configDir reads them). A
+// path that cannot be read is an error; a bad document is a finding.
+func Paths(paths []string, opts Options) (*Result, error) {
+	res := &Result{}
+	in := &input{}
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		files := []string{p}
+		if fi.IsDir() {
+			if files, err = filedir.ConfigFiles(p); err != nil {
+				return nil, err
+			}
+		}
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				return nil, err
+			}
+			res.Files = append(res.Files, f)
+			res.ParseErrors += in.add(f, data)
+		}
+	}
+	res.Messages = append(in.problems, check(in, opts)...)
+	sort.SliceStable(res.Messages, func(i, j int) bool {
+		a, b := res.Messages[i], res.Messages[j]
+		if a.level != b.level {
+			return a.level > b.level
+		}
+		if a.Origin != b.Origin {
+			return a.Origin < b.Origin
+		}
+		return a.Reference < b.Reference
+	})
+	return res, nil
+}
+
+// doc is one valid config and where it is.
+type doc struct {
+	cfg   *config.Config
+	file  string
+	start int      // line of the document's first line
+	lines []string // the document's lines
+}
+
+func (d *doc) origin() string { return fmt.Sprintf("%s %s", d.cfg.Kind, d.name()) }
+
+func (d *doc) name() string { return d.cfg.Namespace + "/" + d.cfg.Name }
+
+// ref is file:line of the first line of the document holding key: value (value may be
+// quoted; empty: any), else of the document.
+func (d *doc) ref(key, value string) string {
+	line := d.start
+	if key != "" {
+		pattern := `(^|[\s{,-])` + regexp.QuoteMeta(key) + `:`
+		if value != "" {
+			pattern += `\s*["']?` + regexp.QuoteMeta(value) + `["']?\s*([,}#]|$)`
+		}
+		re := regexp.MustCompile(pattern)
+		for i, l := range d.lines {
+			if re.MatchString(l) {
+				line = d.start + i
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%s:%d", d.file, line)
+}
+
+// input is the configs read, by kind, and the schema findings.
+type input struct {
+	docs     []*doc
+	byKind   map[config.Kind][]*doc
+	problems []Message
+}
+
+func (in *input) kind(k config.Kind) []*doc { return in.byKind[k] }
+
+// add parses a file as discovery does; it returns the number of documents that are not YAML.
+func (in *input) add(file string, data []byte) int {
+	if in.byKind == nil {
+		in.byKind = map[config.Kind][]*doc{}
+	}
+	starts, lines := documentLines(data)
+	bad := 0
+	for _, d := range config.ParseFile(file, data) {
+		at := &doc{file: file, start: starts[d.Index-1], lines: lines[d.Index-1]}
+		if d.Err == nil {
+			at.cfg = d.Config
+			in.docs = append(in.docs, at)
+			in.byKind[d.Config.Kind] = append(in.byKind[d.Config.Kind], at)
+			continue
+		}
+		if strings.HasPrefix(d.Err.Err.Error(), "invalid YAML") {
+			bad++
+		}
+		if d.Err.Field == "kind" && !istioKind(at.lines) {
+			continue // Kubernetes objects beside the configs: not discovery's to read
+		}
+		m := newMessage(Error, "IST0106", "Schema validation error: %s", fieldError(d.Err))
+		if d.Key != nil {
+			m.Origin = fmt.Sprintf("%s %s/%s", d.Key.Kind, d.Key.Namespace, d.Key.Name)
+		}
+		m.Reference = fmt.Sprintf("%s:%d", file, at.start)
+		in.problems = append(in.problems, m)
+	}
+	return bad
+}
+
+// istioKind reports whether a document rejected for its kind is an Istio one (an *.istio.io
+// apiVersion): Deployments and Services are skipped, a misspelt Istio kind is a finding.
+func istioKind(lines []string) bool {
+	for _, l := range lines {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "apiVersion:"); ok {
+			return strings.Contains(v, "istio.io")
+		}
+	}
+	return false
+}
+
+func fieldError(e *config.Error) string {
+	if e.Field == "" {
+		return e.Err.Error()
+	}
+	return e.Field + ": " + e.Err.Error()
+}
+
+func newMessage(l Level, code, format string, args ...any) Message {
+	return Message{Code: code, Level: l.String(), Message: fmt.Sprintf(format, args...), level: l}
+}
+
+var separator = regexp.MustCompile(`^---\s*(#.*)?$`)
+
+// documentLines splits data as config.ParseFile does and gives each document's first line
+// (1-based; its first line with content) and its lines.
+func documentLines(data []byte) ([]int, [][]string) {
+	starts, docs := []int{1}, [][]string{nil}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
+	n, seen := 0, false
+	for sc.Scan() {
+		n++
+		line := sc.Text()
+		if separator.MatchString(line) {
+			starts, docs, seen = append(starts, n+1), append(docs, nil), false
+			continue
+		}
+		cur := len(docs) - 1
+		if t := strings.TrimSpace(line); !seen && t != "" && !strings.HasPrefix(t, "#") {
+			starts[cur], seen = n, true
+			docs[cur] = nil
+		}
+		if seen {
+			docs[cur] = append(docs[cur], line)
+		}
+	}
+	return starts, docs
+}
