@@ -3,80 +3,12 @@ package main
 import (
 	"strconv"
 	"strings"
+
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
-
-// The standard labels, in the order Istio's stats plugin writes them into a metric name.
-const (
-	lblReporter = iota
-	lblSourceWorkload
-	lblSourceWorkloadNamespace
-	lblSourcePrincipal
-	lblSourceApp
-	lblSourceVersion
-	lblSourceCanonicalService
-	lblSourceCanonicalRevision
-	lblSourceCluster
-	lblDestinationWorkload
-	lblDestinationWorkloadNamespace
-	lblDestinationPrincipal
-	lblDestinationApp
-	lblDestinationVersion
-	lblDestinationService
-	lblDestinationServiceName
-	lblDestinationServiceNamespace
-	lblDestinationCanonicalService
-	lblDestinationCanonicalRevision
-	lblDestinationCluster
-	lblRequestProtocol
-	lblResponseCode
-	lblGrpcResponseStatus
-	lblResponseFlags
-	lblConnectionSecurityPolicy
-	numStandardLabels
-)
-
-// standardLabelNames are the tag names of the standard labels, indexed by lbl*.
-var standardLabelNames = [numStandardLabels]string{
-	"reporter",
-	"source_workload",
-	"source_workload_namespace",
-	"source_principal",
-	"source_app",
-	"source_version",
-	"source_canonical_service",
-	"source_canonical_revision",
-	"source_cluster",
-	"destination_workload",
-	"destination_workload_namespace",
-	"destination_principal",
-	"destination_app",
-	"destination_version",
-	"destination_service",
-	"destination_service_name",
-	"destination_service_namespace",
-	"destination_canonical_service",
-	"destination_canonical_revision",
-	"destination_cluster",
-	"request_protocol",
-	"response_code",
-	"grpc_response_status",
-	"response_flags",
-	"connection_security_policy",
-}
-
-func standardLabelIndex(name string) (int, bool) {
-	for i, n := range standardLabelNames {
-		if n == name {
-			return i, true
-		}
-	}
-	return 0, false
-}
 
 const (
 	unknown          = "unknown"
-	reporterSource   = "source"
-	reporterDest     = "destination"
 	policyMutualTLS  = "mutual_tls"
 	policyNone       = "none"
 	protocolHTTP     = "http"
@@ -102,22 +34,22 @@ func setWorkloadLabels(vals []string, source bool, w *workload) {
 		cluster = orUnknown(w.id.ClusterID)
 	}
 	if source {
-		vals[lblSourceWorkload] = workload
-		vals[lblSourceWorkloadNamespace] = namespace
-		vals[lblSourceApp] = app
-		vals[lblSourceVersion] = version
-		vals[lblSourceCanonicalService] = canonicalService
-		vals[lblSourceCanonicalRevision] = canonicalRevision
-		vals[lblSourceCluster] = cluster
+		vals[statsplan.LabelSourceWorkload] = workload
+		vals[statsplan.LabelSourceWorkloadNamespace] = namespace
+		vals[statsplan.LabelSourceApp] = app
+		vals[statsplan.LabelSourceVersion] = version
+		vals[statsplan.LabelSourceCanonicalService] = canonicalService
+		vals[statsplan.LabelSourceCanonicalRevision] = canonicalRevision
+		vals[statsplan.LabelSourceCluster] = cluster
 		return
 	}
-	vals[lblDestinationWorkload] = workload
-	vals[lblDestinationWorkloadNamespace] = namespace
-	vals[lblDestinationApp] = app
-	vals[lblDestinationVersion] = version
-	vals[lblDestinationCanonicalService] = canonicalService
-	vals[lblDestinationCanonicalRevision] = canonicalRevision
-	vals[lblDestinationCluster] = cluster
+	vals[statsplan.LabelDestinationWorkload] = workload
+	vals[statsplan.LabelDestinationWorkloadNamespace] = namespace
+	vals[statsplan.LabelDestinationApp] = app
+	vals[statsplan.LabelDestinationVersion] = version
+	vals[statsplan.LabelDestinationCanonicalService] = canonicalService
+	vals[statsplan.LabelDestinationCanonicalRevision] = canonicalRevision
+	vals[statsplan.LabelDestinationCluster] = cluster
 }
 
 func orUnknown(s string) string {

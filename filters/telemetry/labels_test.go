@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
 
 func TestDestinationService(t *testing.T) {
@@ -60,14 +61,14 @@ func TestRequestProtocol(t *testing.T) {
 }
 
 func TestSetWorkloadLabels(t *testing.T) {
-	vals := make([]string, numStandardLabels)
+	vals := make([]string, statsplan.NumStandardLabels)
 	setWorkloadLabels(vals, true, nil)
 	setWorkloadLabels(vals, false, newWorkload(nodeIdentity{WorkloadName: "w", Namespace: "ns", ClusterID: "c1",
 		Labels: map[string]string{"app": "a"}}))
 	got := map[string]string{}
 	for i, v := range vals {
 		if v != "" {
-			got[standardLabelNames[i]] = v
+			got[statsplan.StandardLabelNames[i]] = v
 		}
 	}
 	assert.Equal(t, map[string]string{

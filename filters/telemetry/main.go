@@ -23,13 +23,22 @@
 // property (Envoy's TrafficDirection: 1 inbound, 2 outbound) unless the configuration
 // fixes it; without either the filter reports as destination, as Istio does.
 //
-// The labels are Istio's standard labels in Istio's order (see labels.go), "unknown"
-// where a value is not known; the local side comes from the proxy's node metadata
-// (WORKLOAD_NAME, NAMESPACE, CLUSTER_ID, LABELS, ...), the other side from peer metadata
-// exchange (peer.go). Tags travel in the metric name for the proxy's stats_tags to
-// extract (tagname.go); distinct label sets per metric are capped (registry.go). The
-// configuration is Istio's stats plugin configuration (config.go), with CEL-subset
-// expressions (expr.go) over Envoy's attributes (attrs.go).
+// The labels are Istio's standard labels in Istio's order (statsplan.StandardLabelNames),
+// "unknown" where a value is not known; the local side comes from the proxy's node
+// metadata (WORKLOAD_NAME, NAMESPACE, CLUSTER_ID, LABELS, ...), the other side from peer
+// metadata exchange (peer.go), the rest from host properties and headers (labels.go).
+// Tags travel in the metric name for the proxy's stats_tags to extract (tagname.go);
+// distinct label sets per metric are capped (registry.go).
+//
+// What a configuration means is worked out once, at plugin start, by the importable
+// package filters/telemetry/statsplan: the configuration is Istio's stats plugin
+// configuration (statsplan.Config), its dimension and value expressions are in a subset of
+// CEL compiled and evaluated by filters/telemetry/expr, over Envoy's and Istio's
+// attributes (statsplan.LookupAttribute), and the resulting statsplan.Plan lists the
+// metrics, their tags and the attributes a request must provide. Both packages are pure
+// Go, for other filters to use; this package is the request path: it reads what the plan
+// asks for from the host (an httpContext is the expressions' expr.Reader), exchanges peer
+// metadata and records the metrics.
 package main
 
 import (
@@ -42,6 +51,8 @@ import (
 
 	_ "github.com/wasmesh/wasmesh/filters/internal/guestgc" // the collector's target in wasip1 builds
 	"github.com/wasmesh/wasmesh/filters/internal/intern"
+	"github.com/wasmesh/wasmesh/filters/telemetry/expr"
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
 
 // init registers the VM context: a reactor's host runs _initialize (package
@@ -83,7 +94,7 @@ var (
 type pluginContext struct {
 	types.DefaultPluginContext
 
-	plan     *plan
+	plan     *statsplan.Plan
 	reg      *registry
 	peers    *peerCache
 	local    *workload
@@ -134,7 +145,7 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 }
 
 func (p *pluginContext) configure(data []byte) error {
-	pl, err := loadPlan(data, readProperty)
+	pl, err := statsplan.Load(data, readProperty)
 	if err != nil {
 		return err
 	}
@@ -143,11 +154,11 @@ func (p *pluginContext) configure(data []byte) error {
 	p.local = newWorkload(id)
 	p.localHeader = encodePeerMetadata(id)
 	p.localID = localNodeID(id)
-	p.peers = newPeerCache(pl.maxPeerCache)
+	p.peers = newPeerCache(pl.MaxPeerCache)
 	p.statuses = newStatusTable()
-	p.values = make([]string, numStandardLabels+len(pl.dims))
-	p.mvals = make([]int64, len(pl.metrics))
-	p.mok = make([]bool, len(pl.metrics))
+	p.values = make([]string, statsplan.NumStandardLabels+len(pl.Dimensions))
+	p.mvals = make([]int64, len(pl.Metrics))
+	p.mok = make([]bool, len(pl.Metrics))
 	p.reg = newRegistry(pl, hostSink{})
 	p.strs = intern.New(maxInterned)
 	p.flags = map[uint64]string{}
@@ -170,8 +181,8 @@ func (p *pluginContext) intProperty(path []string) (int64, bool) {
 	if !ok {
 		return 0, false
 	}
-	v, ok := decodeProperty(typeInt, b)
-	return v.i, ok
+	v, ok := statsplan.DecodeProperty(expr.Int, b)
+	return v.Int, ok
 }
 
 // stringProperty returns a string property, "unknown" when absent or empty.
@@ -241,10 +252,10 @@ func localNodeID(id nodeIdentity) string {
 
 // outbound says whether this request is on the client side.
 func (p *pluginContext) outbound() bool {
-	switch p.plan.reporter {
-	case reporterSource:
+	switch p.plan.Reporter {
+	case statsplan.ReporterSource:
 		return true
-	case reporterDest:
+	case statsplan.ReporterDestination:
 		return false
 	}
 	dir := p.direction
@@ -266,14 +277,14 @@ func (p *pluginContext) outbound() bool {
 
 func (p *pluginContext) NewHttpContext(uint32) types.HttpContext {
 	h := &httpContext{p: p}
-	if n := len(p.plan.attrs); n > 0 {
+	if n := len(p.plan.Attributes); n > 0 {
 		h.slots = make([]slotState, n)
 	}
 	return h
 }
 
 type slotState struct {
-	v        value
+	v        expr.Value
 	ok, done bool
 }
 
@@ -305,12 +316,12 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	if !p.durationFromHost {
 		h.start = time.Now()
 	}
-	if u := &p.plan.usedLabels; u[lblDestinationService] || u[lblDestinationServiceName] || u[lblDestinationServiceNamespace] {
+	if u := &p.plan.UsedLabels; u[statsplan.LabelDestinationService] || u[statsplan.LabelDestinationServiceName] || u[statsplan.LabelDestinationServiceNamespace] {
 		h.authority, _ = readHeader(false, ":authority")
 	}
 	ct, _ := readHeader(false, "content-type")
 	h.grpc = isGRPC(ct)
-	h.capture(p.plan.requestHeaderSlots, proxywasm.GetHttpRequestHeader)
+	h.capture(p.plan.RequestHeaderSlots, proxywasm.GetHttpRequestHeader)
 
 	if h.outbound {
 		// Replacing also discards whatever the application put in these headers.
@@ -338,7 +349,7 @@ func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	if h.grpc {
 		h.grpcStatus, _ = readHeader(true, "grpc-status")
 	}
-	h.capture(p.plan.responseHeaderSlots, proxywasm.GetHttpResponseHeader)
+	h.capture(p.plan.ResponseHeaderSlots, proxywasm.GetHttpResponseHeader)
 
 	if !h.outbound {
 		logIfErr(proxywasm.ReplaceHttpResponseHeader(headerPeerMetadata, p.localHeader))
@@ -364,7 +375,7 @@ func (h *httpContext) OnHttpResponseTrailers(int) types.Action {
 	if h.grpc && h.grpcStatus == "" {
 		h.grpcStatus, _ = proxywasm.GetHttpResponseTrailer("grpc-status")
 	}
-	h.capture(h.p.plan.responseTrailerSlots, proxywasm.GetHttpResponseTrailer)
+	h.capture(h.p.plan.ResponseTrailerSlots, proxywasm.GetHttpResponseTrailer)
 	return types.ActionContinue
 }
 
@@ -379,53 +390,54 @@ func logIfErr(err error) {
 // capture stores the header values that expression attributes read.
 func (h *httpContext) capture(slots []int, get func(string) (string, error)) {
 	for _, s := range slots {
-		a := h.p.plan.attrs[s]
+		a := h.p.plan.Attributes[s]
 		st := &h.slots[s]
 		st.done = true
-		if v, err := get(a.header); err == nil {
-			st.v, st.ok = value{s: applyPathPart(a.part, v)}, true
+		if v, err := get(a.Header); err == nil {
+			st.v, st.ok = expr.Value{Str: a.Part.Cut(v)}, true
 		}
 	}
 }
 
-// attr reads an expression attribute for this request, once.
-func (h *httpContext) attr(slot int) (value, bool) {
+// Attr reads an expression attribute for this request, once: httpContext is the
+// expr.Reader the plan's expressions are evaluated with.
+func (h *httpContext) Attr(slot int) (expr.Value, bool) {
 	st := &h.slots[slot]
 	if st.done {
 		return st.v, st.ok
 	}
-	a := h.p.plan.attrs[slot]
-	var v value
+	a := h.p.plan.Attributes[slot]
+	var v expr.Value
 	var ok bool
-	switch a.src {
-	case srcProperty:
-		if b, found := h.p.property(a.path); found {
-			v, ok = decodeProperty(a.typ, b)
+	switch a.Source {
+	case statsplan.SourceProperty:
+		if b, found := h.p.property(a.Path); found {
+			v, ok = statsplan.DecodeProperty(a.Type, b)
 		}
 		if !ok {
 			var s string
-			switch a.fallback {
-			case fallbackStatus:
+			switch a.Fallback {
+			case statsplan.FallbackStatus:
 				s = h.status
-			case fallbackGRPCStatus:
+			case statsplan.FallbackGRPCStatus:
 				s = h.grpcStatus
 			}
 			if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-				v, ok = value{i: n}, true
+				v, ok = expr.Value{Int: n}, true
 			}
 		}
-	case srcPeer:
+	case statsplan.SourcePeer:
 		// upstream_peer is the server, known on the client side; downstream_peer the
 		// client, known on the server side.
-		if w := h.peerWorkload(); w != nil && a.upstream == h.outbound {
-			if a.label != "" {
-				v.s, ok = w.id.Labels[a.label]
+		if w := h.peerWorkload(); w != nil && a.Upstream == h.outbound {
+			if a.PeerLabel != "" {
+				v.Str, ok = w.id.Labels[a.PeerLabel]
 			} else {
-				v.s, ok = w.field(a.field)
+				v.Str, ok = w.field(a.PeerField)
 			}
 		}
-	case srcConst:
-		v, ok = a.constVal, a.constOK
+	case statsplan.SourceConstant:
+		v, ok = a.Const, a.ConstOK
 	}
 	// Header attributes not captured (trailers that never came) stay missing.
 	st.v, st.ok, st.done = v, ok, true
@@ -447,119 +459,119 @@ func (h *httpContext) peerWorkload() *workload { return h.peer }
 // report records the finished request.
 func (p *pluginContext) report(h *httpContext) {
 	pl := p.plan
-	used := &pl.usedLabels
+	used := &pl.UsedLabels
 	vals := p.values
 	peer := h.peerWorkload()
 
 	if h.outbound {
-		vals[lblReporter] = reporterSource
+		vals[statsplan.LabelReporter] = statsplan.ReporterSource
 		setWorkloadLabels(vals, true, p.local)
 		setWorkloadLabels(vals, false, peer)
 	} else {
-		vals[lblReporter] = reporterDest
+		vals[statsplan.LabelReporter] = statsplan.ReporterDestination
 		setWorkloadLabels(vals, true, peer)
 		setWorkloadLabels(vals, false, p.local)
 	}
 
-	if used[lblSourcePrincipal] || used[lblDestinationPrincipal] {
+	if used[statsplan.LabelSourcePrincipal] || used[statsplan.LabelDestinationPrincipal] {
 		srcPath, dstPath := pathInboundPeerSAN, pathInboundLocalSAN
 		if h.outbound {
 			srcPath, dstPath = pathOutboundLocalSAN, pathOutboundPeerSAN
 		}
-		vals[lblSourcePrincipal] = p.stringProperty(srcPath)
-		vals[lblDestinationPrincipal] = p.stringProperty(dstPath)
+		vals[statsplan.LabelSourcePrincipal] = p.stringProperty(srcPath)
+		vals[statsplan.LabelDestinationPrincipal] = p.stringProperty(dstPath)
 	}
 
-	if used[lblDestinationService] || used[lblDestinationServiceName] || used[lblDestinationServiceNamespace] {
+	if used[statsplan.LabelDestinationService] || used[statsplan.LabelDestinationServiceName] || used[statsplan.LabelDestinationServiceNamespace] {
 		var cluster string
 		if b, ok := p.property(pathClusterName); ok {
 			cluster = p.str(b)
 		}
-		svc, name, ns := destinationService(cluster, h.authority, pl.useHostHeader)
+		svc, name, ns := destinationService(cluster, h.authority, pl.UseHostHeader)
 		if ns == "" {
-			ns = vals[lblDestinationWorkloadNamespace]
+			ns = vals[statsplan.LabelDestinationWorkloadNamespace]
 		}
-		vals[lblDestinationService], vals[lblDestinationServiceName], vals[lblDestinationServiceNamespace] = svc, name, ns
+		vals[statsplan.LabelDestinationService], vals[statsplan.LabelDestinationServiceName], vals[statsplan.LabelDestinationServiceNamespace] = svc, name, ns
 	}
 
-	vals[lblRequestProtocol] = protocolHTTP
+	vals[statsplan.LabelRequestProtocol] = protocolHTTP
 	if h.grpc {
-		vals[lblRequestProtocol] = protocolGRPC
+		vals[statsplan.LabelRequestProtocol] = protocolGRPC
 	}
 
-	if used[lblResponseCode] {
+	if used[statsplan.LabelResponseCode] {
 		code, ok := p.intProperty(pathResponseCode)
 		if !ok {
 			code, _ = strconv.ParseInt(h.status, 10, 64) // 0 when the stream never got a response, as Istio
 		}
-		vals[lblResponseCode] = statusText(code, p.statuses)
+		vals[statsplan.LabelResponseCode] = statusText(code, p.statuses)
 	}
 
-	if used[lblGrpcResponseStatus] {
-		vals[lblGrpcResponseStatus] = "" // Istio leaves it empty for plain HTTP
+	if used[statsplan.LabelGrpcResponseStatus] {
+		vals[statsplan.LabelGrpcResponseStatus] = "" // Istio leaves it empty for plain HTTP
 		if h.grpc {
 			if n, ok := p.intProperty(pathGRPCStatus); ok {
-				vals[lblGrpcResponseStatus] = statusText(n, p.statuses)
+				vals[statsplan.LabelGrpcResponseStatus] = statusText(n, p.statuses)
 			} else if h.grpcStatus != "" {
-				vals[lblGrpcResponseStatus] = h.grpcStatus
+				vals[statsplan.LabelGrpcResponseStatus] = h.grpcStatus
 			} else {
-				vals[lblGrpcResponseStatus] = grpcStatusNoInfo
+				vals[statsplan.LabelGrpcResponseStatus] = grpcStatusNoInfo
 			}
 		}
 	}
 
-	if used[lblResponseFlags] {
+	if used[statsplan.LabelResponseFlags] {
 		flags, _ := p.intProperty(pathResponseFlags)
-		vals[lblResponseFlags] = p.flagsText(uint64(flags))
+		vals[statsplan.LabelResponseFlags] = p.flagsText(uint64(flags))
 	}
 
-	if used[lblConnectionSecurityPolicy] {
-		vals[lblConnectionSecurityPolicy] = unknown // Istio: the client side cannot know
+	if used[statsplan.LabelConnectionSecurityPolicy] {
+		vals[statsplan.LabelConnectionSecurityPolicy] = unknown // Istio: the client side cannot know
 		if !h.outbound {
 			if b, ok := p.property(pathConnectionMTLS); ok && len(b) == 1 {
-				vals[lblConnectionSecurityPolicy] = policyNone
+				vals[statsplan.LabelConnectionSecurityPolicy] = policyNone
 				if b[0] != 0 {
-					vals[lblConnectionSecurityPolicy] = policyMutualTLS
+					vals[statsplan.LabelConnectionSecurityPolicy] = policyMutualTLS
 				}
 			}
 		}
 	}
 
-	for i, d := range pl.dims {
-		v, ok := d.expr.eval(h)
+	for i, d := range pl.Dimensions {
+		v, ok := d.Eval(h)
 		if ok {
-			vals[numStandardLabels+i] = format(d.expr.typ(), v)
+			vals[statsplan.NumStandardLabels+i] = expr.Format(d.Type(), v)
 		} else {
-			vals[numStandardLabels+i] = unknown // as Istio reports a failed dimension
+			vals[statsplan.NumStandardLabels+i] = unknown // as Istio reports a failed dimension
 		}
 	}
 
 	var durMs int64
 	var durOK bool
-	if pl.needDuration {
+	if pl.NeedDuration {
 		durMs, durOK = p.durationMs(h)
 	}
-	for i := range pl.metrics {
-		m := &pl.metrics[i]
+	for i := range pl.Metrics {
+		m := &pl.Metrics[i]
 		var v int64
 		ok := true
-		switch m.value {
-		case valueOne:
+		switch m.Value {
+		case statsplan.ValueOne:
 			v = 1
-		case valueDurationMs:
+		case statsplan.ValueDurationMs:
 			v, ok = durMs, durOK
-		case valueRequestBytes:
+		case statsplan.ValueRequestBytes:
 			if v, ok = p.intProperty(pathRequestTotalSize); !ok {
 				v, ok = h.reqBody, true
 			}
-		case valueResponseBytes:
+		case statsplan.ValueResponseBytes:
 			if v, ok = p.intProperty(pathResponseTotalSize); !ok {
 				v, ok = h.respBody, true
 			}
-		case valueExpr:
-			var r value
-			r, ok = m.valueExpr.eval(h)
-			v = r.i
+		case statsplan.ValueExpr:
+			var r expr.Value
+			r, ok = m.ValueExpr.Eval(h)
+			v = r.Int
 		}
 		p.mvals[i], p.mok[i] = v, ok
 	}
@@ -582,29 +594,29 @@ func (p *pluginContext) durationMs(h *httpContext) (int64, bool) {
 // hostSink is the metric API of the proxy-wasm host.
 type hostSink struct{}
 
-func (hostSink) define(kind metricKind, name string) uint32 {
+func (hostSink) define(kind statsplan.Kind, name string) uint32 {
 	switch kind {
-	case kindGauge:
+	case statsplan.Gauge:
 		return uint32(proxywasm.DefineGaugeMetric(name))
-	case kindHistogram:
+	case statsplan.Histogram:
 		return uint32(proxywasm.DefineHistogramMetric(name))
 	}
 	return uint32(proxywasm.DefineCounterMetric(name))
 }
 
-func (hostSink) record(kind metricKind, id uint32, v int64) {
+func (hostSink) record(kind statsplan.Kind, id uint32, v int64) {
 	switch kind {
-	case kindCounter:
+	case statsplan.Counter:
 		if v > 0 {
 			proxywasm.MetricCounter(id).Increment(uint64(v))
 		}
-	case kindGauge:
+	case statsplan.Gauge:
 		// The SDK has no gauge set; Istio's recordMetric sets gauges.
 		g := proxywasm.MetricGauge(id)
 		if d := v - g.Value(); d != 0 {
 			g.Add(d)
 		}
-	case kindHistogram:
+	case statsplan.Histogram:
 		if v >= 0 {
 			proxywasm.MetricHistogram(id).Record(uint64(v))
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasmesh/wasmesh/filters/internal/emulator"
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
 
 // Two workloads of the Bookinfo sample.
@@ -166,25 +167,25 @@ func (p *proxy) samples() []sample {
 	for _, g := range reg.groups {
 		var tagNames []string
 		for _, tg := range g.tags {
-			tagNames = append(tagNames, tg.name)
+			tagNames = append(tagNames, tg.Name)
 		}
 		for key := range g.sets {
 			for _, mi := range g.metrics {
-				m := reg.pl.metrics[mi]
-				full := key + m.fullName
+				m := reg.pl.Metrics[mi]
+				full := key + m.FullName
 				var v uint64
 				var err error
-				switch m.kind {
-				case kindCounter:
+				switch m.Kind {
+				case statsplan.Counter:
 					v, err = p.host.GetCounterMetric(full)
-				case kindGauge:
+				case statsplan.Gauge:
 					v, err = p.host.GetGaugeMetric(full)
-				case kindHistogram:
+				case statsplan.Histogram:
 					v, err = p.host.GetHistogramMetric(full)
 				}
 				require.NoError(p.t, err)
 				rest, labels := extractTags(p.t, full, tagNames)
-				require.Equal(p.t, m.fullName, rest)
+				require.Equal(p.t, m.FullName, rest)
 				require.Len(p.t, labels, len(tagNames), "every tag extracted from %q", full)
 				out = append(out, sample{name: rest, labels: labels, value: v})
 			}
@@ -357,7 +358,7 @@ func TestClientSideReportsSource(t *testing.T) {
 // TestEncodedName pins the whole metric name for a configuration that keeps two tags.
 func TestEncodedName(t *testing.T) {
 	var remove []string
-	for _, n := range standardLabelNames {
+	for _, n := range statsplan.StandardLabelNames {
 		if n != "reporter" && n != "response_code" {
 			remove = append(remove, `"`+n+`"`)
 		}

@@ -114,7 +114,8 @@ func newWorkload(id nodeIdentity) *workload {
 }
 
 // field returns the workload attribute exposed to expressions as upstream_peer.NAME and
-// downstream_peer.NAME (Istio's node metadata field names, plus short aliases).
+// downstream_peer.NAME, one of statsplan.PeerFields (Istio's node metadata field names,
+// plus short aliases).
 func (w *workload) field(name string) (string, bool) {
 	var v string
 	switch name {
@@ -142,12 +143,6 @@ func (w *workload) field(name string) (string, bool) {
 		v = w.canonicalRevision
 	}
 	return v, v != ""
-}
-
-// peerFields are the names workload.field knows, for configuration errors.
-var peerFields = [...]string{
-	"name", "namespace", "workload", "workload_name", "owner", "cluster", "cluster_id", "mesh_id",
-	"service_account", "app", "version", "canonical_service", "canonical_revision",
 }
 
 func firstNonEmpty(vs ...string) string {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
 
 func TestEncodePeerMetadataWireFormat(t *testing.T) {
@@ -142,4 +143,23 @@ func TestPeerCacheIsBounded(t *testing.T) {
 	_, err = off.get(encodePeerMetadata(nodeIdentity{WorkloadName: "x"}))
 	require.NoError(t, err)
 	assert.Empty(t, off.m)
+}
+
+// Every peer field a configuration may name (statsplan.PeerFields, which the plan checks
+// expressions against) is one the workload answers, and with the right value.
+func TestWorkloadHasEveryPeerField(t *testing.T) {
+	w := newWorkload(nodeIdentity{Name: "pod", Namespace: "ns", WorkloadName: "wl", Owner: "own", ClusterID: "c",
+		MeshID: "m", ServiceAccount: "sa", Labels: map[string]string{labelApp: "a", labelVersion: "v",
+			labelCanonicalName: "cs", labelCanonicalRevision: "cr"}})
+	want := map[string]string{"name": "pod", "namespace": "ns", "workload": "wl", "workload_name": "wl", "owner": "own",
+		"cluster": "c", "cluster_id": "c", "mesh_id": "m", "service_account": "sa", "app": "a", "version": "v",
+		"canonical_service": "cs", "canonical_revision": "cr"}
+	assert.Len(t, statsplan.PeerFields, len(want))
+	for _, f := range statsplan.PeerFields {
+		v, ok := w.field(f)
+		assert.True(t, ok, f)
+		assert.Equal(t, want[f], v, f)
+	}
+	_, ok := w.field("colour")
+	assert.False(t, ok)
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"hash/maphash"
 	"unsafe"
+
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
 
 // The registry turns a request's label values into metric ids. The ABI defines a metric
@@ -35,14 +37,14 @@ const (
 
 // metricSink is the host's metric API.
 type metricSink interface {
-	define(kind metricKind, name string) uint32
+	define(kind statsplan.Kind, name string) uint32
 	// record adds a counter value, sets a gauge, or records a histogram sample.
-	record(kind metricKind, id uint32, v int64)
+	record(kind statsplan.Kind, id uint32, v int64)
 }
 
 type group struct {
-	metrics []int     // indices into plan.metrics
-	tags    []tagPlan // identical for every metric of the group
+	metrics []int           // indices into plan.metrics
+	tags    []statsplan.Tag // identical for every metric of the group
 	sets    map[string][]uint32
 	// known caches the ids of label value lists seen before, by their hash; seen counts
 	// its entries, which stay under maxKnown.
@@ -61,7 +63,7 @@ type knownSet struct {
 }
 
 type registry struct {
-	pl       *plan
+	pl       *statsplan.Plan
 	sink     metricSink
 	groups   []group
 	overflow []uint32 // counter id per metric
@@ -70,18 +72,18 @@ type registry struct {
 	maxKnown int
 }
 
-func newRegistry(pl *plan, sink metricSink) *registry {
+func newRegistry(pl *statsplan.Plan, sink metricSink) *registry {
 	// Different values can encode to the same tags (sanitized or cut), so the cache may
 	// hold more lists than the group has label sets, but not without bound.
-	r := &registry{pl: pl, sink: sink, groups: make([]group, len(pl.groups)), seed: maphash.MakeSeed(),
-		maxKnown: 2 * pl.maxLabelSets}
-	for g, ms := range pl.groups {
-		r.groups[g] = group{metrics: ms, tags: pl.metrics[ms[0]].tags, sets: map[string][]uint32{},
+	r := &registry{pl: pl, sink: sink, groups: make([]group, len(pl.Groups)), seed: maphash.MakeSeed(),
+		maxKnown: 2 * pl.MaxLabelSets}
+	for g, ms := range pl.Groups {
+		r.groups[g] = group{metrics: ms, tags: pl.Metrics[ms[0]].Tags, sets: map[string][]uint32{},
 			known: map[uint64][]knownSet{}}
 	}
-	for i := range pl.metrics {
+	for i := range pl.Metrics {
 		// Defined up front so the counter exists, at zero, before anything overflows.
-		r.overflow = append(r.overflow, sink.define(kindCounter, overflowName(pl.metrics[i].fullName)))
+		r.overflow = append(r.overflow, sink.define(statsplan.Counter, overflowName(pl.Metrics[i].FullName)))
 	}
 	return r
 }
@@ -100,9 +102,9 @@ func (r *registry) report(values []string, vals []int64, ok []bool) {
 		for i, mi := range gr.metrics {
 			switch {
 			case ids == nil:
-				r.sink.record(kindCounter, r.overflow[mi], 1)
+				r.sink.record(statsplan.Counter, r.overflow[mi], 1)
 			case ok[mi]:
-				r.sink.record(r.pl.metrics[mi].kind, ids[i], vals[mi])
+				r.sink.record(r.pl.Metrics[mi].Kind, ids[i], vals[mi])
 			}
 		}
 	}
@@ -117,7 +119,7 @@ func (r *registry) lookup(gr *group, values []string) []uint32 {
 	var h maphash.Hash
 	h.SetSeed(r.seed)
 	for _, t := range gr.tags {
-		h.WriteString(values[t.index])
+		h.WriteString(values[t.Index])
 		h.WriteByte(0)
 	}
 	sum := h.Sum64()
@@ -131,7 +133,7 @@ func (r *registry) lookup(gr *group, values []string) []uint32 {
 	if ids != nil && gr.seen < r.maxKnown {
 		vs := make([]string, len(gr.tags))
 		for i, t := range gr.tags {
-			vs[i] = values[t.index]
+			vs[i] = values[t.Index]
 		}
 		gr.known[sum] = append(gr.known[sum], knownSet{values: vs, ids: ids})
 		gr.last = &gr.known[sum][len(gr.known[sum])-1]
@@ -142,9 +144,9 @@ func (r *registry) lookup(gr *group, values []string) []uint32 {
 
 // identical reports whether values holds the very strings of known (same address and
 // length), which is equality without reading them.
-func identical(known []string, tags []tagPlan, values []string) bool {
+func identical(known []string, tags []statsplan.Tag, values []string) bool {
 	for i, t := range tags {
-		v := values[t.index]
+		v := values[t.Index]
 		if len(known[i]) != len(v) || unsafe.StringData(known[i]) != unsafe.StringData(v) {
 			return false
 		}
@@ -152,9 +154,9 @@ func identical(known []string, tags []tagPlan, values []string) bool {
 	return true
 }
 
-func sameValues(known []string, tags []tagPlan, values []string) bool {
+func sameValues(known []string, tags []statsplan.Tag, values []string) bool {
 	for i, t := range tags {
-		if known[i] != values[t.index] {
+		if known[i] != values[t.Index] {
 			return false
 		}
 	}
@@ -165,19 +167,19 @@ func sameValues(known []string, tags []tagPlan, values []string) bool {
 func (r *registry) lookupEncoded(gr *group, values []string) []uint32 {
 	r.buf = r.buf[:0]
 	for _, t := range gr.tags {
-		r.buf = appendTag(r.buf, t.name, values[t.index])
+		r.buf = appendTag(r.buf, t.Name, values[t.Index])
 	}
 	if ids, ok := gr.sets[string(r.buf)]; ok {
 		return ids
 	}
-	if len(gr.sets) >= r.pl.maxLabelSets {
+	if len(gr.sets) >= r.pl.MaxLabelSets {
 		return nil
 	}
 	key := string(r.buf)
 	ids := make([]uint32, len(gr.metrics))
 	for i, mi := range gr.metrics {
-		m := &r.pl.metrics[mi]
-		ids[i] = r.sink.define(m.kind, key+m.fullName)
+		m := &r.pl.Metrics[mi]
+		ids[i] = r.sink.define(m.Kind, key+m.FullName)
 	}
 	gr.sets[key] = ids
 	return ids
@@ -185,5 +187,5 @@ func (r *registry) lookupEncoded(gr *group, values []string) []uint32 {
 
 // labelSets returns how many label sets the metric has.
 func (r *registry) labelSets(metric int) int {
-	return len(r.groups[r.pl.metrics[metric].group].sets)
+	return len(r.groups[r.pl.Metrics[metric].Group].sets)
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
 
 // fakeSink records what the registry defines and records.
@@ -14,7 +15,7 @@ type fakeSink struct {
 	values map[uint32]int64
 }
 
-func (f *fakeSink) define(_ metricKind, name string) uint32 {
+func (f *fakeSink) define(_ statsplan.Kind, name string) uint32 {
 	for i, n := range f.names {
 		if n == name {
 			return uint32(i)
@@ -24,7 +25,7 @@ func (f *fakeSink) define(_ metricKind, name string) uint32 {
 	return uint32(len(f.names) - 1)
 }
 
-func (f *fakeSink) record(_ metricKind, id uint32, v int64) { f.values[id] += v }
+func (f *fakeSink) record(_ statsplan.Kind, id uint32, v int64) { f.values[id] += v }
 
 func (f *fakeSink) count(name string) int64 {
 	for i, n := range f.names {
@@ -35,29 +36,29 @@ func (f *fakeSink) count(name string) int64 {
 	return -1
 }
 
-func newTestRegistry(t *testing.T, cfg string) (*registry, *fakeSink, *plan) {
+func newTestRegistry(t *testing.T, cfg string) (*registry, *fakeSink, *statsplan.Plan) {
 	t.Helper()
-	pl, err := loadPlan([]byte(cfg), func([]string) ([]byte, bool) { return nil, false })
+	pl, err := statsplan.Load([]byte(cfg), func([]string) ([]byte, bool) { return nil, false })
 	require.NoError(t, err)
 	sink := &fakeSink{values: map[uint32]int64{}}
 	return newRegistry(pl, sink), sink, pl
 }
 
 // requestValues are label values for one request with x-user = user.
-func requestValues(pl *plan, user string) []string {
-	v := make([]string, numStandardLabels+len(pl.dims))
+func requestValues(pl *statsplan.Plan, user string) []string {
+	v := make([]string, statsplan.NumStandardLabels+len(pl.Dimensions))
 	for i := range v {
 		v[i] = "v" + strings.Repeat("x", i)
 	}
-	v[numStandardLabels] = user
+	v[statsplan.NumStandardLabels] = user
 	return v
 }
 
-func reportOne(r *registry, pl *plan, values []string) {
-	vals := make([]int64, len(pl.metrics))
-	ok := make([]bool, len(pl.metrics))
-	for i := range pl.metrics {
-		vals[i], ok[i] = 1, pl.metrics[i].kind == kindCounter
+func reportOne(r *registry, pl *statsplan.Plan, values []string) {
+	vals := make([]int64, len(pl.Metrics))
+	ok := make([]bool, len(pl.Metrics))
+	for i := range pl.Metrics {
+		vals[i], ok[i] = 1, pl.Metrics[i].Kind == statsplan.Counter
 	}
 	r.report(values, vals, ok)
 }
@@ -84,7 +85,7 @@ func TestKnownLabelValuesShareTheEncodedLabelSet(t *testing.T) {
 	assert.Equal(t, int64(-1), counter("c"), "over the cap")
 	assert.Equal(t, int64(1), sink.count("metric=.=istio_requests_total;.;wasmesh_telemetry_overflow_total"))
 	assert.Equal(t, 2, r.labelSets(0))
-	gr := &r.groups[pl.metrics[0].group]
+	gr := &r.groups[pl.Metrics[0].Group]
 	assert.Equal(t, 4, gr.seen, "four distinct value lists known")
 }
 
@@ -97,7 +98,7 @@ func TestKnownLabelValuesAreBounded(t *testing.T) {
 	for i := range 100 {
 		reportOne(r, pl, requestValues(pl, long+strings.Repeat("z", i)))
 	}
-	gr := &r.groups[pl.metrics[0].group]
+	gr := &r.groups[pl.Metrics[0].Group]
 	assert.Equal(t, 1, r.labelSets(0))
 	assert.Equal(t, r.maxKnown, gr.seen)
 }
@@ -109,7 +110,7 @@ func TestKnownLabelValuesAreFoundByValue(t *testing.T) {
 	for _, u := range []string{"alice", "bob", "alice", "bob", "alice"} {
 		reportOne(r, pl, requestValues(pl, strings.Clone(u)))
 	}
-	gr := &r.groups[pl.metrics[0].group]
+	gr := &r.groups[pl.Metrics[0].Group]
 	assert.Equal(t, 2, gr.seen, "two value lists known")
 	assert.Equal(t, 2, r.labelSets(0))
 	total := int64(0)

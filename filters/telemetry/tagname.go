@@ -1,21 +1,16 @@
 package main
 
-import "unicode/utf8"
+import (
+	"unicode/utf8"
 
-// The proxy-wasm ABI defines a metric by name only, so tags travel inside the name the way
-// Istio's stats plugin puts them there: every tag as name=.=value;.; in the metric's tag
-// order, then the metric's own name:
-//
-//	reporter=.=destination;.;source_workload=.=productpage-v1;.;...;.;istio_requests_total
-//
-// The proxy's stats_tags rules, one per tag name, (NAME=\.=(.*?);\.;), cut each tag out of
-// the name (the first capture group is removed, the second is the value), which leaves
-// istio_requests_total. The regexes are not anchored because Envoy files Wasm metrics
-// under its wasmcustom. namespace before extracting tags.
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
+)
+
+// Tags travel inside the metric name as statsplan.ValueSeparator and FieldSeparator
+// describe: every tag as name=.=value;.; in the metric's tag order, then the metric's own
+// name. The proxy's stats_tags regexes (NAME=\.=(.*?);\.;) are not anchored because Envoy
+// files Wasm metrics under its wasmcustom. namespace before extracting tags.
 const (
-	valueSeparator = "=.="
-	fieldSeparator = ";.;"
-
 	// maxTagValueLen bounds a tag value: values come from request headers, and the
 	// cardinality cap bounds how many names exist, not how long each is.
 	maxTagValueLen = 256
@@ -24,9 +19,9 @@ const (
 // appendTag appends name=.=value;.; with the value made safe for tag extraction.
 func appendTag(buf []byte, name, value string) []byte {
 	buf = append(buf, name...)
-	buf = append(buf, valueSeparator...)
+	buf = append(buf, statsplan.ValueSeparator...)
 	buf = appendTagValue(buf, value)
-	return append(buf, fieldSeparator...)
+	return append(buf, statsplan.FieldSeparator...)
 }
 
 // appendTagValue appends v, truncated to maxTagValueLen bytes (on a rune boundary), with

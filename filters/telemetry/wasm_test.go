@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasmesh/wasmesh/filters/internal/wasmtest"
+	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 	"github.com/wasmesh/wasmesh/wasm/harness"
 	"github.com/wasmesh/wasmesh/wasm/host"
 )
@@ -88,7 +89,7 @@ func series(t *testing.T, h *harness.Harness, want string, tagNames []string) (m
 	return labels, found[0]
 }
 
-func standardTags() []string { return standardLabelNames[:] }
+func standardTags() []string { return statsplan.StandardLabelNames[:] }
 
 func TestWasmHopBothReporters(t *testing.T) {
 	client := sidecar(t, "", productpage, productpageNodeID, outbound)

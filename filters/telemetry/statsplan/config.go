@@ -1,4 +1,4 @@
-package main
+package statsplan
 
 import (
 	"bytes"
@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/wasmesh/wasmesh/filters/telemetry/expr"
 )
 
-// config is the plugin configuration: Istio's stats plugin configuration (JSON, the
+// Config is the plugin configuration: Istio's stats plugin configuration (JSON, the
 // field names of istio/proxy extensions/stats/config.proto) plus two wasmesh fields.
 //
 //	{
@@ -24,7 +26,7 @@ import (
 //	  "stat_prefix": "istio",              // metric names are <stat_prefix>_<name>
 //	  "disable_host_header_fallback": false,
 //	  "max_peer_cache_size": 500,          // decoded peers kept; negative: no cache
-//	  "max_label_sets_per_metric": 1000,   // wasmesh: cardinality cap, see registry.go
+//	  "max_label_sets_per_metric": 1000,   // wasmesh: cardinality cap per metric
 //	  "reporter": ""                       // wasmesh: "source" or "destination"; empty: from listener_direction
 //	}
 //
@@ -32,9 +34,9 @@ import (
 // with the standard labels. Unknown fields, Istio fields this filter does not implement
 // (with a value other than their default) and expressions it cannot evaluate are errors,
 // so a configuration is either honoured or refused.
-type config struct {
-	Metrics     []metricConfig
-	Definitions []metricDefinition
+type Config struct {
+	Metrics     []MetricConfig
+	Definitions []MetricDefinition
 
 	StatPrefix                string
 	DisableHostHeaderFallback bool
@@ -43,7 +45,8 @@ type config struct {
 	Reporter                  string
 }
 
-type metricConfig struct {
+// MetricConfig is one entry of metrics: an override of one metric (Name) or of all.
+type MetricConfig struct {
 	Name         string            `json:"name"`
 	Dimensions   map[string]string `json:"dimensions"`
 	TagsToRemove []string          `json:"tags_to_remove"`
@@ -51,7 +54,9 @@ type metricConfig struct {
 	Drop         bool              `json:"drop"`
 }
 
-type metricDefinition struct {
+// MetricDefinition is one entry of definitions: a metric, its type (COUNTER, GAUGE or
+// HISTOGRAM) and its value expression, which must be an int.
+type MetricDefinition struct {
 	Name  string `json:"name"`
 	Value string `json:"value"`
 	Type  string `json:"type"`
@@ -60,7 +65,7 @@ type metricDefinition struct {
 const (
 	defaultStatPrefix       = "istio"
 	defaultMaxPeerCacheSize = 500 // Istio's default
-	// defaultMaxLabelSets caps distinct label sets per metric. A sidecar talks to a
+	// defaultMaxLabelSets caps distinct label sets per metric (the filter's registry). A sidecar talks to a
 	// bounded set of peers, codes and flags, so real traffic stays far below it; a
 	// custom dimension fed from request data (a header, a path) is what reaches it.
 	defaultMaxLabelSets = 1000
@@ -83,9 +88,10 @@ type rawConfig struct {
 	MetadataMode              *json.RawMessage  `json:"metadata_mode"`
 }
 
-// parseConfig decodes the plugin configuration; empty means the defaults.
-func parseConfig(data []byte) (config, error) {
-	cfg := config{
+// ParseConfig decodes the plugin configuration (JSON; empty means the defaults), refusing
+// what it does not know; expressions are compiled later, by [Build].
+func ParseConfig(data []byte) (Config, error) {
+	cfg := Config{
 		StatPrefix:            defaultStatPrefix,
 		MaxPeerCacheSize:      defaultMaxPeerCacheSize,
 		MaxLabelSetsPerMetric: defaultMaxLabelSets,
@@ -95,23 +101,23 @@ func parseConfig(data []byte) (config, error) {
 	}
 	var raw rawConfig
 	if err := decodeStrict(data, &raw); err != nil {
-		return config{}, err
+		return Config{}, err
 	}
-	if raw.FieldSeparator != nil && *raw.FieldSeparator != fieldSeparator {
-		return config{}, fmt.Errorf("field_separator %q is not supported: tags are always encoded with %q", *raw.FieldSeparator, fieldSeparator)
+	if raw.FieldSeparator != nil && *raw.FieldSeparator != FieldSeparator {
+		return Config{}, fmt.Errorf("field_separator %q is not supported: tags are always encoded with %q", *raw.FieldSeparator, FieldSeparator)
 	}
-	if raw.ValueSeparator != nil && *raw.ValueSeparator != valueSeparator {
-		return config{}, fmt.Errorf("value_separator %q is not supported: tags are always encoded with %q", *raw.ValueSeparator, valueSeparator)
+	if raw.ValueSeparator != nil && *raw.ValueSeparator != ValueSeparator {
+		return Config{}, fmt.Errorf("value_separator %q is not supported: tags are always encoded with %q", *raw.ValueSeparator, ValueSeparator)
 	}
 	if raw.TCPReportingDuration != nil {
-		return config{}, errors.New("tcp_reporting_duration is not supported: this filter reports HTTP metrics only")
+		return Config{}, errors.New("tcp_reporting_duration is not supported: this filter reports HTTP metrics only")
 	}
 	if raw.MetadataMode != nil {
-		return config{}, errors.New("metadata_mode is not supported: peers are identified by metadata exchange only")
+		return Config{}, errors.New("metadata_mode is not supported: peers are identified by metadata exchange only")
 	}
 	if raw.StatPrefix != nil {
-		if *raw.StatPrefix != "" && !isIdentifier(*raw.StatPrefix) {
-			return config{}, fmt.Errorf("stat_prefix %q must be letters, digits and underscores", *raw.StatPrefix)
+		if *raw.StatPrefix != "" && !expr.IsIdentifier(*raw.StatPrefix) {
+			return Config{}, fmt.Errorf("stat_prefix %q must be letters, digits and underscores", *raw.StatPrefix)
 		}
 		cfg.StatPrefix = *raw.StatPrefix
 	}
@@ -124,31 +130,31 @@ func parseConfig(data []byte) (config, error) {
 	}
 	if n := raw.MaxLabelSetsPerMetric; n != nil {
 		if *n < 1 {
-			return config{}, fmt.Errorf("max_label_sets_per_metric must be at least 1, not %d", *n)
+			return Config{}, fmt.Errorf("max_label_sets_per_metric must be at least 1, not %d", *n)
 		}
 		cfg.MaxLabelSetsPerMetric = *n
 	}
 	switch raw.Reporter {
 	case "", "UNSPECIFIED":
-	case reporterSource, reporterDest:
+	case ReporterSource, ReporterDestination:
 		cfg.Reporter = raw.Reporter
 	default:
-		return config{}, fmt.Errorf("reporter %q must be %q, %q or empty (decided by listener_direction)", raw.Reporter, reporterSource, reporterDest)
+		return Config{}, fmt.Errorf("reporter %q must be %q, %q or empty (decided by listener_direction)", raw.Reporter, ReporterSource, ReporterDestination)
 	}
 	for i, m := range raw.Metrics {
-		var mc metricConfig
+		var mc MetricConfig
 		if err := decodeStrict(m, &mc); err != nil {
-			return config{}, fmt.Errorf("metrics[%d]: %w", i, err)
+			return Config{}, fmt.Errorf("metrics[%d]: %w", i, err)
 		}
 		if mc.Match != "" {
-			return config{}, fmt.Errorf("metrics[%d]: match is not supported (Istio does not implement it either)", i)
+			return Config{}, fmt.Errorf("metrics[%d]: match is not supported (Istio does not implement it either)", i)
 		}
 		cfg.Metrics = append(cfg.Metrics, mc)
 	}
 	for i, d := range raw.Definitions {
-		var md metricDefinition
+		var md MetricDefinition
 		if err := decodeStrict(d, &md); err != nil {
-			return config{}, fmt.Errorf("definitions[%d]: %w", i, err)
+			return Config{}, fmt.Errorf("definitions[%d]: %w", i, err)
 		}
 		cfg.Definitions = append(cfg.Definitions, md)
 	}

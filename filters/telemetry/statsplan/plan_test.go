@@ -1,4 +1,4 @@
-package main
+package statsplan
 
 import (
 	"flag"
@@ -36,13 +36,13 @@ func TestGoldenPlans(t *testing.T) {
 			input, err := os.ReadFile(filepath.Join(dir, "input.json"))
 			require.NoError(t, err)
 			var got string
-			pl, err := loadPlan(input, goldenNode)
+			pl, err := Load(input, goldenNode)
 			if strings.HasPrefix(filepath.Base(dir), "error-") {
 				require.Error(t, err, "an error-* case must be refused")
 				got = "error: " + err.Error() + "\n"
 			} else {
 				require.NoError(t, err, "only error-* cases may be refused")
-				got = pl.describe()
+				got = pl.Describe()
 			}
 			golden := filepath.Join(dir, "output.golden")
 			if *update {
