@@ -1,7 +1,7 @@
 // Package expr compiles and evaluates expressions in a subset of CEL, the language Istio's
 // stats plugin evaluates dimension and value expressions in (the Telemetry API's
 // tagOverrides values and the stats configuration's metrics[].dimensions and
-// definitions[].value). Its packages are pure Go: a proxy-wasm filter compiles expressions
+// definitions[].value). It is pure Go: a proxy-wasm filter compiles expressions
 // when it is configured and evaluates them per request, and tests run natively.
 //
 // An expression is parsed and type-checked once, by [Compile], into a tree of evaluators;
