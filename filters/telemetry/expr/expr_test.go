@@ -198,3 +198,22 @@ func TestIsIdentifier(t *testing.T) {
 		assert.Equal(t, want, expr.IsIdentifier(s), s)
 	}
 }
+
+// Evaluation allocates nothing unless the expression builds a string (+ of strings,
+// string()): a filter evaluates its dimensions on every request.
+func TestEvalDoesNotAllocate(t *testing.T) {
+	a := &attrs{values: map[string]expr.Value{"request.method": {Str: "GET"}, "response.code": {Int: 503}}}
+	for _, src := range []string{
+		"has(request.headers['x-user']) || response.code >= 500 ? request.method : 'ok'",
+		"size(request.method) + response.code - 1 == 505 && !(request.method < 'A')",
+		"request.method.startsWith('G') ? int('42') : -response.code",
+	} {
+		e, err := expr.Compile(src, a.resolve)
+		require.NoError(t, err, src)
+		assert.Zero(t, testing.AllocsPerRun(100, func() {
+			if _, ok := e.Eval(a); !ok {
+				t.Fatalf("%s has no value", src)
+			}
+		}), src)
+	}
+}
