@@ -76,10 +76,10 @@ func (m Message) String() string {
 // Result is what an analysis found.
 type Result struct {
 	Messages []Message
-	// Files lists the files analyzed; ParseErrors counts the documents that are not YAML at
-	// all (istioctl's "files could not be parsed").
+	// Files lists the files analyzed; ParseErrors says which documents are not YAML at all
+	// (istioctl's "files could not be parsed"), which no check sees.
 	Files       []string
-	ParseErrors int
+	ParseErrors []string
 }
 
 // Options tune an analysis.
@@ -110,9 +110,10 @@ func Paths(paths []string, opts Options) (*Result, error) {
 				return nil, err
 			}
 			res.Files = append(res.Files, f)
-			res.ParseErrors += in.add(f, data)
+			in.add(f, data)
 		}
 	}
+	res.ParseErrors = in.parseErrors
 	res.Messages = append(in.problems, check(in, opts)...)
 	sort.SliceStable(res.Messages, func(i, j int) bool {
 		a, b := res.Messages[i], res.Messages[j]
@@ -161,20 +162,20 @@ func (d *doc) ref(key, value string) string {
 
 // input is the configs read, by kind, and the schema findings.
 type input struct {
-	docs     []*doc
-	byKind   map[config.Kind][]*doc
-	problems []Message
+	docs        []*doc
+	byKind      map[config.Kind][]*doc
+	problems    []Message
+	parseErrors []string
 }
 
 func (in *input) kind(k config.Kind) []*doc { return in.byKind[k] }
 
-// add parses a file as discovery does; it returns the number of documents that are not YAML.
-func (in *input) add(file string, data []byte) int {
+// add parses a file as discovery does.
+func (in *input) add(file string, data []byte) {
 	if in.byKind == nil {
 		in.byKind = map[config.Kind][]*doc{}
 	}
 	starts, lines := documentLines(data)
-	bad := 0
 	for _, d := range config.ParseFile(file, data) {
 		at := &doc{file: file, start: starts[d.Index-1], lines: lines[d.Index-1]}
 		if d.Err == nil {
@@ -184,7 +185,9 @@ func (in *input) add(file string, data []byte) int {
 			continue
 		}
 		if strings.HasPrefix(d.Err.Err.Error(), "invalid YAML") {
-			bad++
+			// istioctl's file parse error: said apart from the findings.
+			in.parseErrors = append(in.parseErrors, d.Err.Error())
+			continue
 		}
 		if d.Err.Field == "kind" && !istioKind(at.lines) {
 			continue // Kubernetes objects beside the configs: not discovery's to read
@@ -196,7 +199,6 @@ func (in *input) add(file string, data []byte) int {
 		m.Reference = fmt.Sprintf("%s:%d", file, at.start)
 		in.problems = append(in.problems, m)
 	}
-	return bad
 }
 
 // istioKind reports whether a document rejected for its kind is an Istio one (an *.istio.io

@@ -17,9 +17,10 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/localmesh"
 )
 
-// sampleConfig is the sample config directory `make run` uses, file by file.
-func sampleConfig(t *testing.T) map[string]string {
-	t.Helper()
+// What `make run` starts works: the sample config is accepted whole, traffic through the
+// bookinfo pods fails nothing, reviews gets its 80/20 split, the telemetry filter reports
+// on every hop, and an edit of a sample file changes the running mesh.
+func TestSampleMesh(t *testing.T) {
 	cfg := map[string]string{}
 	dir := filepath.Join("..", "samples", "bookinfo")
 	entries, err := os.ReadDir(dir)
@@ -29,14 +30,6 @@ func sampleConfig(t *testing.T) map[string]string {
 		require.NoError(t, err)
 		cfg[e.Name()] = string(b)
 	}
-	return cfg
-}
-
-// What `make run` starts works: the sample config is accepted whole, traffic through the
-// bookinfo pods fails nothing, reviews gets its 80/20 split, the telemetry filter reports
-// on every hop, and an edit of a sample file changes the running mesh.
-func TestSampleMesh(t *testing.T) {
-	cfg := sampleConfig(t)
 	m, ctx := startMesh(t, cfg)
 	var front *localmesh.Pod
 	var pods []*localmesh.Pod

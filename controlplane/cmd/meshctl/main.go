@@ -16,7 +16,7 @@ import (
 
 func main() {
 	if err := newCommand().ExecuteContext(context.Background()); err != nil {
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -27,6 +27,8 @@ func newCommand() *cobra.Command {
 		SilenceUsage: true,
 	}
 	root.AddCommand(kubeInjectCommand())
+	root.AddCommand(analyzeCommand())
+	root.AddCommand(experimentalCommand())
 	return root
 }
 

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/wasmesh/wasmesh/controlplane/analyze"
+)
+
+// Exit codes, istioctl's (istioctl/cmd/sysexits.go).
+const (
+	exitUsage       = 64 // bad command line
+	exitDataError   = 65 // a file could not be parsed
+	exitFoundIssues = 79 // analyze found issues at or above the failure threshold
+)
+
+// exitError is an error with the process exit code it means.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// exitCode is the exit code of a command's error: its own, else 1 (istioctl's unknown error).
+func exitCode(err error) int {
+	if e, ok := errors.AsType[*exitError](err); ok {
+		return e.code
+	}
+	return 1
+}
+
+func usageError(err error) error { return &exitError{exitUsage, err} }
+
+// analyzeCommand is istioctl analyze over files and directories.
+func analyzeCommand() *cobra.Command {
+	var output, failure, shown string
+	var skipModules bool
+	cmd := &cobra.Command{
+		Use:   "analyze FILE|DIR...",
+		Short: "Check Istio configuration offline, as istioctl analyze does",
+		Long: `analyze reads Istio YAML (files, or directories read as discovery's --configDir reads
+them) and reports, as istioctl analyze does, every document discovery would reject (IST0106,
+with the field at fault) and what the valid configs get wrong together: a VirtualService
+routing to an unknown host or to a subset no DestinationRule defines (IST0101), a
+DestinationRule for an unknown host (IST0174) or with a subset selecting no WorkloadEntry
+or ServiceEntry endpoint of the input (IST0173), and wasmesh's own: a Sidecar egress that
+imports nothing (WSM0001), an EnvoyFilter that patches nothing (WSM0002), DestinationRules
+discovery merges that set one thing twice (WSM0003), a WasmPlugin whose module cannot be
+read or fetched or fails its sha256 (WSM0004). Kubernetes objects in the input are skipped
+(--kubernetes, reading a cluster, is not offered).
+
+Exit codes, istioctl's: 0 when nothing reaches --failure-threshold, 79 when something does
+(with the log output, as istioctl: -o json|yaml exits 0), 65 when a document is not YAML,
+64 for a bad command line, 1 for other errors (an unreadable path).`,
+		Example: `  meshctl analyze configs/
+  meshctl analyze vs.yaml dr.yaml --failure-threshold Warning
+  meshctl analyze configs/ -o json`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			failAt, err := analyze.ParseLevel(failure)
+			if err != nil {
+				return usageError(fmt.Errorf("--failure-threshold: %w", err))
+			}
+			showAt, err := analyze.ParseLevel(shown)
+			if err != nil {
+				return usageError(fmt.Errorf("--output-threshold: %w", err))
+			}
+			if output != "log" && output != "json" && output != "yaml" {
+				return usageError(fmt.Errorf("--output %q: want log, json or yaml", output))
+			}
+			res, err := analyze.Paths(args, analyze.Options{SkipModules: skipModules})
+			if err != nil {
+				return err
+			}
+			return printAnalysis(cmd, res, output, failAt, showAt)
+		},
+	}
+	cmd.Args = func(_ *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return usageError(errors.New("give the files or directories to analyze"))
+		}
+		return nil
+	}
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	f := cmd.Flags()
+	f.StringVarP(&output, "output", "o", "log", "output format: log, json or yaml")
+	f.StringVar(&failure, "failure-threshold", "Error", "the level at which a finding gives a non-zero exit code: Info, Warning, Error")
+	f.StringVar(&shown, "output-threshold", "Info", "the level from which findings are printed: Info, Warning, Error")
+	f.BoolVar(&skipModules, "skip-wasm-fetch", false, "do not read or fetch WasmPlugin modules")
+	return cmd
+}
+
+func printAnalysis(cmd *cobra.Command, res *analyze.Result, output string, failAt, showAt analyze.Level) error {
+	shown := []analyze.Message{}
+	failed := false
+	for _, m := range res.Messages {
+		if m.Severity() >= showAt {
+			shown = append(shown, m)
+		}
+		failed = failed || m.Severity() >= failAt
+	}
+	out := cmd.OutOrStdout()
+	switch output {
+	case "json", "yaml":
+		b, err := json.MarshalIndent(shown, "", "  ")
+		if err != nil {
+			return err
+		}
+		if output == "yaml" {
+			if b, err = yaml.JSONToYAML(b); err != nil {
+				return err
+			}
+		}
+		_, err = fmt.Fprintln(out, strings.TrimRight(string(b), "\n"))
+		return err // istioctl sets no exit code with these formats
+	}
+	for _, m := range shown {
+		fmt.Fprintln(out, m.String())
+	}
+	if len(res.ParseErrors) > 0 {
+		fmt.Fprintf(cmd.ErrOrStderr(), "Error(s) adding files:\n  - %s\n", strings.Join(res.ParseErrors, "\n  - "))
+	}
+	if len(shown) == 0 {
+		what := "files"
+		if n := len(res.ParseErrors); n > 0 {
+			what = fmt.Sprintf("files (but %d documents could not be parsed)", n)
+		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "\u2714 No validation issues found when analyzing %s:\n  - %s\n", what, strings.Join(res.Files, "\n  - "))
+	}
+	switch {
+	case failed:
+		return &exitError{exitFoundIssues, errors.New("analyzers found issues when analyzing " + strings.Join(res.Files, ", "))}
+	case len(res.ParseErrors) > 0:
+		return &exitError{exitDataError, errors.New("some files couldn't be parsed")}
+	}
+	return nil
+}
