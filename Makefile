@@ -1,7 +1,8 @@
 # wasmesh build, test, bench and run.
 #
 # Everything a fresh machine needs is installed from here: Go modules from the module
-# proxy, Node.js/npm from Debian when missing (for the AssemblyScript test fixture).
+# proxy; Node.js/npm and prometheus from Debian when missing (the AssemblyScript test
+# fixture; the metrics beside `make run` and in the tests).
 
 SHELL := /bin/bash
 GO ?= go
@@ -42,11 +43,15 @@ all: build
 deps:
 	@for m in $(MODULES); do (cd $$m && $(GO) mod download) || exit 1; done
 
-# Node.js and npm build the AssemblyScript fixture; Debian provides them when absent.
+# Debian provides what is absent: Node.js and npm build the AssemblyScript fixture;
+# prometheus (with promtool) runs beside `make run` and in the metrics tests.
 tools:
 	@command -v npm >/dev/null 2>&1 || { \
 		echo "installing nodejs and npm from Debian"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	@{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || { \
+		echo "installing prometheus from Debian"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
 build: deps wasm
 	@mkdir -p $(BIN)
@@ -136,7 +141,7 @@ bench: build fixtures
 # The local mesh: discovery, the sample application's pods (agent -> proxy -> echo) on
 # loopback, steady traffic and a live summary; Ctrl-C drains and stops everything.
 # MESH_PROXY=envoy runs a real Envoy from PATH instead of meshproxy.
-run: build
+run: build tools
 	@bin/meshrun
 
 # The same mesh on a real Kubernetes control plane (kube-apiserver, etcd, controller manager,

@@ -17,10 +17,9 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/localmesh"
 )
 
-// What `make run` starts works: the sample config is accepted whole, traffic through the
-// bookinfo pods fails nothing, reviews gets its 80/20 split, the telemetry filter reports
-// on every hop, and an edit of a sample file changes the running mesh.
-func TestSampleMesh(t *testing.T) {
+// sampleConfig is the sample config directory `make run` uses, file by file.
+func sampleConfig(t *testing.T) map[string]string {
+	t.Helper()
 	cfg := map[string]string{}
 	dir := filepath.Join("..", "samples", "bookinfo")
 	entries, err := os.ReadDir(dir)
@@ -30,6 +29,14 @@ func TestSampleMesh(t *testing.T) {
 		require.NoError(t, err)
 		cfg[e.Name()] = string(b)
 	}
+	return cfg
+}
+
+// What `make run` starts works: the sample config is accepted whole, traffic through the
+// bookinfo pods fails nothing, reviews gets its 80/20 split, the telemetry filter reports
+// on every hop, and an edit of a sample file changes the running mesh.
+func TestSampleMesh(t *testing.T) {
+	cfg := sampleConfig(t)
 	m, ctx := startMesh(t, cfg)
 	var front *localmesh.Pod
 	var pods []*localmesh.Pod

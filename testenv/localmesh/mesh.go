@@ -26,6 +26,8 @@ import (
 	"sync"
 	"text/template"
 	"time"
+
+	"github.com/wasmesh/wasmesh/testenv/internal/httpget"
 )
 
 // Options configure a mesh.
@@ -440,7 +442,7 @@ type ConfigProblem struct {
 
 // ConfigProblems reads discovery's /debug/configz for the documents not wholly in force.
 func (m *Mesh) ConfigProblems(ctx context.Context) ([]ConfigProblem, error) {
-	b, err := get(ctx, m.DiscoveryURL("/debug/configz"))
+	b, err := httpget.Get(ctx, m.DiscoveryURL("/debug/configz"))
 	if err != nil {
 		return nil, err
 	}

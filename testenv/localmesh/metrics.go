@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
+	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/wasmesh/wasmesh/testenv/promserver"
 )
 
 // Metrics is a parsed Prometheus page.
@@ -111,4 +116,24 @@ func Describe(labels map[string]string, keys ...string) string {
 		parts = append(parts, fmt.Sprintf("%s=%q", k, labels[k]))
 	}
 	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// ScrapeTargets are the running pods' merged metrics pages, as a Prometheus scrapes them.
+func (m *Mesh) ScrapeTargets() []promserver.Target {
+	var out []promserver.Target
+	for _, p := range m.Pods() {
+		if !p.Running() {
+			continue
+		}
+		out = append(out, promserver.Target{Address: net.JoinHostPort(p.IP, strconv.Itoa(statusPort)),
+			Namespace: p.Spec.Namespace, Pod: p.Spec.Name, Labels: p.Spec.Labels})
+	}
+	return out
+}
+
+// PrometheusOptions configure a Prometheus for this mesh (promserver.Start): under the
+// mesh's directory, scraping discovery, its process marked as the mesh's.
+func (m *Mesh) PrometheusOptions() promserver.Options {
+	return promserver.Options{Dir: filepath.Join(m.opts.Dir, "prometheus"), Discovery: m.httpAddr,
+		Env: []string{EnvMeshDir + "=" + m.opts.Dir}}
 }

@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/wasmesh/wasmesh/agent/podinfo"
+	"github.com/wasmesh/wasmesh/testenv/internal/httpget"
 )
 
 // PodSpec describes a pod: its identity, the application (the echo sample app) and the
@@ -217,7 +217,7 @@ type discoveryPage struct {
 }
 
 func (p *Pod) discoveryPage(path string) (*discoveryPage, error) {
-	b, err := get(context.Background(), p.mesh.DiscoveryURL(path))
+	b, err := httpget.Get(context.Background(), p.mesh.DiscoveryURL(path))
 	if err != nil {
 		return nil, err
 	}
@@ -494,32 +494,12 @@ func (p *Pod) Agent() *Process {
 
 // Scrape returns the pod's merged metrics page (agent :15020/stats/prometheus).
 func (p *Pod) Scrape(ctx context.Context) ([]byte, error) {
-	return get(ctx, p.StatusURL("/stats/prometheus"))
+	return httpget.Get(ctx, p.StatusURL("/stats/prometheus"))
 }
 
 // Admin GETs path from the proxy's admin API.
 func (p *Pod) Admin(ctx context.Context, path string) ([]byte, error) {
-	return get(ctx, p.AdminURL(path))
-}
-
-func get(ctx context.Context, url string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return b, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return b, nil
+	return httpget.Get(ctx, p.AdminURL(path))
 }
 
 func clone(m map[string]string) map[string]string {

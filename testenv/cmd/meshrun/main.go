@@ -19,6 +19,7 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/internal/meshrunner"
 	"github.com/wasmesh/wasmesh/testenv/loadgen"
 	"github.com/wasmesh/wasmesh/testenv/localmesh"
+	"github.com/wasmesh/wasmesh/testenv/promserver"
 )
 
 func main() {
@@ -33,6 +34,7 @@ func command() *cobra.Command {
 		rate     float64
 		interval time.Duration
 		once     bool
+		prom     bool
 	)
 	cmd := &cobra.Command{
 		Use:          "meshrun",
@@ -40,7 +42,7 @@ func command() *cobra.Command {
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd.OutOrStdout(), opts, rate, interval, once)
+			return run(cmd.OutOrStdout(), opts, rate, interval, once, prom)
 		},
 	}
 	f := cmd.Flags()
@@ -52,11 +54,12 @@ func command() *cobra.Command {
 	f.Float64Var(&rate, "rate", 20, "requests per second sent to the front end")
 	f.DurationVar(&interval, "interval", 2*time.Second, "how often the live summary is printed")
 	f.BoolVar(&opts.Plaintext, "plaintext", false, "run without workload identity: no CA, plaintext xDS on loopback, plaintext between sidecars (default: mutual TLS, PERMISSIVE)")
+	f.BoolVar(&prom, "prometheus", true, "run a Prometheus (Debian's prometheus from PATH) scraping every pod and discovery, as Istio's add-on does")
 	f.BoolVar(&once, "once", false, "print the summary once after the first requests, then stop the mesh (a smoke test)")
 	return cmd
 }
 
-func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Duration, once bool) error {
+func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Duration, once, prom bool) error {
 	begin := time.Now()
 	ctx, stop, err := meshrunner.Setup(&opts.Dir, &opts.BinDir, &opts.WasmDir, &opts.ConfigDir)
 	if err != nil {
@@ -97,13 +100,22 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 		}
 	}
 	frontURL := front.URL("/")
+	var promURL string
+	if prom {
+		p, err := startPrometheus(ctx, m)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		promURL = p.URL()
+	}
 	load, err := meshrunner.StartLoad(ctx, frontURL, rate)
 	if err != nil {
 		return err
 	}
 	first := waitFirstSuccess(ctx, load)
 	fmt.Fprintf(out, "\nthe mesh is up: first successful request through it %v after start\n\n", first.Sub(begin).Round(time.Millisecond))
-	printGuide(out, m, frontURL)
+	printGuide(out, m, frontURL, promURL)
 
 	meshrunner.Summarize(ctx, out, load, interval, once, func(prev, cur loadgen.Result) { printSummary(ctx, out, m, prev, cur) })
 	return nil
@@ -126,8 +138,21 @@ func waitFirstSuccess(ctx context.Context, g *loadgen.Generator) time.Time {
 	return time.Now()
 }
 
-func printGuide(out io.Writer, m *localmesh.Mesh, frontURL string) {
+// startPrometheus runs Prometheus beside the mesh, scraping the pods running at each moment.
+func startPrometheus(ctx context.Context, m *localmesh.Mesh) (*promserver.Server, error) {
+	p, err := promserver.Start(ctx, m.PrometheusOptions())
+	if err != nil {
+		return nil, fmt.Errorf("%w (run with --prometheus=false to go without)", err)
+	}
+	go p.Follow(ctx, time.Second, m.ScrapeTargets)
+	return p, nil
+}
+
+func printGuide(out io.Writer, m *localmesh.Mesh, frontURL, promURL string) {
 	fmt.Fprintf(out, "front end:          curl %s\n", frontURL)
+	if promURL != "" {
+		fmt.Fprintf(out, "prometheus:         %s  (Istio's dashboards' queries work: istio_requests_total, istio_request_duration_milliseconds_bucket, pilot_*)\n", promURL)
+	}
 	fmt.Fprintf(out, "config (edit live): %s\n", m.ConfigDir())
 	fmt.Fprintf(out, "discovery:          %s  %s  %s  %s\n", m.DiscoveryURL("/debug/syncz"), m.DiscoveryURL("/debug/configz"),
 		m.DiscoveryURL("/debug/registryz"), m.DiscoveryURL("/metrics"))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -191,6 +192,17 @@ func TestMeshrunStartsAndStopsCleanly(t *testing.T) {
 	m.wait("the mesh is up")
 	front := regexp.MustCompile(`curl (http://\S+)`).FindStringSubmatch(m.wait("front end:"))
 	require.Len(t, front, 2)
+	prom := regexp.MustCompile(`(http://\S+)`).FindStringSubmatch(m.wait("prometheus:"))
+	require.Len(t, prom, 2, "meshrun prints its Prometheus")
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(prom[1] + "/api/v1/query?query=" + url.QueryEscape(`sum(istio_requests_total{reporter="source"})`))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == http.StatusOK && strings.Contains(string(b), `"value"`)
+	}, time.Minute, 200*time.Millisecond, "its Prometheus has the mesh's requests")
 	m.wait("istio_requests_total{") // the live summary shows the telemetry filter's series
 
 	// A broken file in the config directory shows in the live summary, named.

@@ -37,7 +37,7 @@ func Binaries(tb testing.TB) (bin, wasm string) {
 	}
 	for _, b := range []string{"discovery", "agent", "meshproxy", "echo"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			if os.Getenv("WASMESH_REQUIRE_FIXTURES") != "" {
+			if RequireFixtures() {
 				tb.Fatalf("%s missing in %s: %v", b, bin, err)
 			}
 			tb.Skipf("%s missing in %s: run `make build` (make test builds it)", b, bin)
@@ -52,6 +52,10 @@ func Binaries(tb testing.TB) (bin, wasm string) {
 	}
 	return abs(bin), abs(wasm)
 }
+
+// RequireFixtures says whether a missing fixture (a binary, a filter, a tool) fails the
+// test rather than skipping it: under `make test`, which installs and builds them first.
+func RequireFixtures() bool { return os.Getenv("WASMESH_REQUIRE_FIXTURES") != "" }
 
 // ServiceEntry is a mesh service name.default on port whose pods (app=name) listen on
 // targetPort.
