@@ -18,6 +18,13 @@ func TestPairsSerializationMatchesTheSpec(t *testing.T) {
 	back, err := DecodePairs(got)
 	require.NoError(t, err)
 	assert.Equal(t, [][2]string{{"a", "1"}, {"b", "22"}}, back)
+	// Without the last value's NUL, as some SDKs send it: the same pairs; a byte shorter
+	// still cuts into the value.
+	back, err = DecodePairs(got[:len(got)-1])
+	require.NoError(t, err)
+	assert.Equal(t, [][2]string{{"a", "1"}, {"b", "22"}}, back)
+	_, err = DecodePairs(got[:len(got)-2])
+	assert.ErrorIs(t, err, ErrMalformedPairs)
 
 	// Empty maps: size 0, a single zero byte, or a zero count.
 	for _, empty := range [][]byte{nil, {0}, {0, 0, 0, 0}} {

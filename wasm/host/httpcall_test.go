@@ -2,6 +2,9 @@ package host
 
 import (
 	"context"
+	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -133,4 +136,52 @@ func TestHTTPCallResponseCanAnswerTheStream(t *testing.T) {
 	sig := sigs.list()[0]
 	assert.Equal(t, SignalLocalResponse, sig.Kind)
 	assert.Equal(t, &LocalResponse{StatusCode: 401, Details: "denied after call", Body: []byte("call said no"), GRPCStatus: 16}, sig.LocalResponse)
+}
+
+// Two HTTP calls of a VM get distinct tokens, and each response reaches its own stream,
+// wherever the VM's token counter stands: after one call, and across the wrap from 2^32-1
+// to 1 (0 is no token). The test sets the counter as that many calls would have left it.
+func TestHTTPCallTokensStayDistinct(t *testing.T) {
+	for _, counter := range []uint32{1, math.MaxUint32 - 1} {
+		t.Run(strconv.FormatUint(uint64(counter), 10), func(t *testing.T) {
+			up := &fakeUpstream{}
+			f := newFixture(t, "kitchen", PluginConfig{}, Environment{HTTPCalls: up})
+			in := f.p.instances[0]
+			in.enter()
+			in.vm.nextToken = counter
+			in.leave()
+			twoCallsEachAnswered(t, f, up)
+		})
+	}
+}
+
+// twoCallsEachAnswered starts two streams that each make an HTTP call, answers the calls
+// one after the other and checks that each answer resumed its own stream.
+func twoCallsEachAnswered(t *testing.T, f *fixture, up *fakeUpstream) {
+	type call struct {
+		h    *Headers
+		sigs *signals
+	}
+	var calls []call
+	for range 2 {
+		sigs := &signals{}
+		s, res, h := f.headersOnly(t, StreamOptions{OnSignal: sigs.add}, [2]string{"x-op", "httpcall"})
+		t.Cleanup(func() { s.Finish(context.Background()) })
+		require.Equal(t, Pause, res.Action)
+		calls = append(calls, call{h, sigs})
+	}
+	up.mu.Lock()
+	pending := up.pending
+	up.mu.Unlock()
+	require.Len(t, pending, 2)
+	for i, c := range calls {
+		// Answered from another goroutine, as a real dispatcher would.
+		go pending[i](&HTTPCallResponse{Headers: [][2]string{{":status", strconv.Itoa(201 + i)}}}, nil)
+		eventually(t, &c.sigs.notify, func() bool { return len(c.sigs.list()) == 1 }, "the stream resumed")
+		assert.Equal(t, []Signal{{Kind: SignalContinue, Stream: StreamRequest}}, c.sigs.list())
+		assert.True(t, strings.HasPrefix(hget(c.h, "x-auth"), strconv.Itoa(201+i)+":"), hget(c.h, "x-auth"))
+	}
+	for _, msg := range f.logs.messages() {
+		assert.NotContains(t, msg, "unknown token")
+	}
 }

@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 
@@ -186,4 +187,18 @@ func TestCallbackSignaturesAreCheckedAtLoad(t *testing.T) {
 		wg.Func{Name: "proxy_on_done", Params: 1},
 	))
 	require.NoError(t, err)
+}
+
+// A stream pinned to a worker the plugin does not have is refused, naming the range.
+func TestPinnedWorkerOutOfRange(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, "kitchen", PluginConfig{Name: "two", Instances: 2}, Environment{})
+	for _, w := range []int{-1, 2} {
+		_, err := f.p.NewHTTPStream(ctx, StreamOptions{PinWorker: true, Worker: w})
+		assert.EqualError(t, err, fmt.Sprintf(`plugin "two": worker %d out of range [0, 2)`, w))
+	}
+	s, err := f.p.NewHTTPStream(ctx, StreamOptions{PinWorker: true, Worker: 1})
+	require.NoError(t, err)
+	assert.Equal(t, 1, s.Worker())
+	s.Finish(ctx)
 }

@@ -192,3 +192,20 @@ func TestPropertiesOfAConnection(t *testing.T) {
 	assert.Equal(t, "connection x-prop-connection.mtls=0:01 x-prop-request.method=1: x-prop-request.path=1: "+
 		"x-prop-response.code=1: x-prop-response.headers.x=1: x-prop-source.address=0:"+hex.EncodeToString([]byte("10.0.0.1:1234")), rec.Msg)
 }
+
+// A list property's elements are found by index; an index past the end or negative is not
+// found.
+func TestListPropertiesByIndex(t *testing.T) {
+	f := newFixture(t, "kitchen", PluginConfig{}, Environment{Properties: map[string]any{
+		"anys": []any{"a", "b"}, "strings": []string{"x"}}})
+	paths := []string{"anys.0", "anys.1", "anys.2", "anys.-1", "strings.0", "strings.1"}
+	s, _, h := f.headersOnly(t, StreamOptions{}, [2]string{"x-props", strings.Join(paths, ";")})
+	defer s.Finish(context.Background())
+	require.Nil(t, s.Failed())
+	for p, want := range map[string]string{
+		"anys.0": "0:" + hex.EncodeToString([]byte("a")), "anys.1": "0:" + hex.EncodeToString([]byte("b")),
+		"anys.2": "1:", "anys.-1": "1:", "strings.0": "0:" + hex.EncodeToString([]byte("x")), "strings.1": "1:",
+	} {
+		assert.Equal(t, want, hget(h, "x-prop-"+p), p)
+	}
+}

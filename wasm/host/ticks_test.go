@@ -114,3 +114,20 @@ func TestCloseWaitsForProxyDone(t *testing.T) {
 	defer cancel()
 	assert.ErrorIs(t, f.p.Close(ctx), context.DeadlineExceeded)
 }
+
+// A ManualClock timer stopped before it is due does not fire, whichever place it has among
+// the pending timers (the earliest too), and stop reports whether it stopped it.
+func TestManualClockStopsAnyPendingTimer(t *testing.T) {
+	clock := NewManualClock(time.Unix(0, 0))
+	var fired []int
+	stops := make([]func() bool, 3)
+	for i := range stops {
+		stops[i] = clock.AfterFunc(time.Duration(i+1)*time.Second, func() { fired = append(fired, i) })
+	}
+	assert.True(t, stops[0]()) // the earliest
+	assert.True(t, stops[2]())
+	assert.False(t, stops[0](), "already stopped")
+	clock.Advance(5 * time.Second)
+	assert.Equal(t, []int{1}, fired)
+	assert.False(t, stops[1](), "already fired")
+}

@@ -234,6 +234,12 @@ func TestTypeSectionRefusals(t *testing.T) {
 
 	_, err = Instrument(rawModule(rawSection(secType, 1), oneFuncOfType0, oneMemory, oneEmptyBody))
 	assert.EqualError(t, err, "section 1: unexpected end of data")
+
+	// 0x40 is no value type (it is the empty block type), as a parameter or a local.
+	_, err = Instrument(rawModule(rawSection(secType, 1, 0x60, 1, 0x40, 0), oneFuncOfType0, oneMemory, oneEmptyBody))
+	assert.EqualError(t, err, "section 1: unsupported value type 0x40")
+	_, err = Instrument(rawModule(voidType, oneFuncOfType0, oneMemory, rawSection(secCode, 1, 4, 1, 1, 0x40, opEnd)))
+	assert.EqualError(t, err, "code section: function body 0: unsupported value type 0x40")
 }
 
 // A function whose type index is past the type section is refused, not a panic: index 1
@@ -282,4 +288,42 @@ func TestSeveralParams(t *testing.T) {
 	res, err := instantiate(t, ins).ExportedFunction("mul").Call(ctx, 7, 5000)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(35000), res[0]&0xffffffff)
+}
+
+// A module may import its memory and globals: the memory is the one the check passes
+// through, and the stop flag comes after the imported globals in the global index space.
+func TestImportedMemoryAndGlobal(t *testing.T) {
+	ctx := context.Background()
+	name := func(s string) []byte { return append(wg.ULEB(uint64(len(s))), s...) }
+	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+	// env exports a memory and an immutable i32 global of 7.
+	env := rawModule(
+		oneMemory,
+		rawSection(secGlobal, 1, valI32, 0, opI32Const, 7, opEnd),
+		rawSection(secExport, cat([]byte{2}, name("memory"), []byte{kindMemory, 0}, name("g"), []byte{kindGlobal, 0})...),
+	)
+	// spin imports both and loops forever.
+	spin := rawModule(
+		voidType,
+		rawSection(secImport, cat([]byte{2}, name("env"), name("memory"), []byte{kindMemory, 0, 1},
+			name("env"), name("g"), []byte{kindGlobal, valI32, 0})...),
+		oneFuncOfType0,
+		rawSection(secExport, cat([]byte{1}, name("spin"), []byte{kindFunc, 0})...),
+		rawSection(secCode, 1, 7, 0, opLoop, blockEmpty, 0x0c, 0, opEnd, opEnd), // loop br 0 end
+	)
+	ins, err := Instrument(spin)
+	require.NoError(t, err)
+
+	rt := wazero.NewRuntime(ctx)
+	t.Cleanup(func() { _ = rt.Close(ctx) })
+	_, err = rt.InstantiateWithConfig(ctx, env, wazero.NewModuleConfig().WithName("env"))
+	require.NoError(t, err)
+	mod, err := rt.Instantiate(ctx, ins)
+	require.NoError(t, err)
+	flag, ok := mod.ExportedGlobal(GlobalName).(api.MutableGlobal)
+	require.True(t, ok, "the stop flag is the module's own mutable global")
+	flag.Set(1)
+	_, err = mod.ExportedFunction("spin").Call(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "unreachable")
 }
