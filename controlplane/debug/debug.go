@@ -45,6 +45,9 @@ type Deps struct {
 	// Extensions, when set, reports the state of extension configs (EnvoyFilter patches not
 	// applied, Wasm modules) in /debug/configz.
 	Extensions func() any
+	// Instance names this discovery replica (its Lease identity: POD_NAME or the hostname)
+	// on /debug/syncz, as istioctl proxy-status's ISTIOD column.
+	Instance string
 }
 
 // Handler returns the debug mux.
@@ -76,10 +79,22 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = enc.Encode(v)
 }
 
-// SyncStatus is one connection in /debug/syncz.
+// SyncStatus is one connection in /debug/syncz: who the proxy is (what meshctl needs to
+// find its pod and admin), which replica serves it, and per type what was sent, acked and
+// NACKed.
 type SyncStatus struct {
 	ProxyID      string `json:"proxy"`
 	ConnectionID string `json:"connectionId"`
+	// Discovery is the replica serving the connection (Deps.Instance).
+	Discovery string `json:"discovery,omitempty"`
+	// Name and Namespace are the pod's; IPs its addresses; Localhost its pod localhost,
+	// where its admin listens (docs/contracts.md).
+	Name         string   `json:"name"`
+	Namespace    string   `json:"namespace"`
+	IPs          []string `json:"ips,omitempty"`
+	Localhost    string   `json:"localhost,omitempty"`
+	ClusterID    string   `json:"clusterId,omitempty"`
+	IstioVersion string   `json:"istioVersion,omitempty"`
 	// Caller is who opened the stream on the secure port (its SPIFFE ID; none on plaintext).
 	Caller      string              `json:"caller,omitempty"`
 	Delta       bool                `json:"delta"`
@@ -90,7 +105,10 @@ type SyncStatus struct {
 func syncz(d Deps) []SyncStatus {
 	out := []SyncStatus{}
 	for _, c := range d.Server.Connections() {
-		out = append(out, SyncStatus{ProxyID: c.Proxy.ID, ConnectionID: c.ID, Caller: c.Caller, Delta: c.Delta(), ConnectedAt: c.ConnectedAt, Types: c.SyncStatus()})
+		p := c.Proxy
+		out = append(out, SyncStatus{ProxyID: p.ID, ConnectionID: c.ID, Discovery: d.Instance, Name: p.Name, Namespace: p.Namespace,
+			IPs: p.IPAddresses, Localhost: p.Localhost, ClusterID: p.ClusterID, IstioVersion: p.IstioVersion,
+			Caller: c.Caller, Delta: c.Delta(), ConnectedAt: c.ConnectedAt, Types: c.SyncStatus()})
 	}
 	return out
 }

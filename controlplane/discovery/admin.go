@@ -23,6 +23,7 @@ func (d *Discovery) adminMux() http.Handler {
 	mux.Handle("/", readOnly(debug.Handler(debug.Deps{
 		Pusher: d.Pusher, Server: d.Server, Configs: d.State, Objects: d.objects, Documents: d.documents, Mesh: d.Mesh, Registry: d.State.Registry,
 		Workloads: d.State.Entries.Workloads, Gatherer: d.Reg, NotInForce: d.State.Entries.NotInForce, Extensions: d.extensionStatus,
+		Instance: d.opts.Identity,
 	})))
 	if d.opts.LogLevels != nil {
 		levels := d.opts.LogLevels.Handler()

@@ -27,6 +27,8 @@ func newCommand() *cobra.Command {
 		SilenceUsage: true,
 	}
 	root.AddCommand(kubeInjectCommand())
+	root.AddCommand(proxyStatusCommand())
+	root.AddCommand(proxyConfigCommand())
 	root.AddCommand(analyzeCommand())
 	root.AddCommand(experimentalCommand())
 	return root
