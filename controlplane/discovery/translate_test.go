@@ -8,13 +8,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -56,22 +58,27 @@ kind: WasmPlugin
 metadata: {name: stats, namespace: demo}
 spec:
   selector: {matchLabels: {app: frontend}}
-  url: file://%s
+  url: %s
   sha256: %s
 `
 
 // What Translate prints for a proxy is what a real discovery server sends that proxy over
 // a real ADS stream, byte for byte, for CDS, EDS, LDS and RDS (the client follows EDS and
-// RDS as Envoy does); ECDS is generated too (the client does not subscribe to it). The
+// RDS as Envoy does) and ECDS (asked by name on a plain ADS stream). The
 // proxy's own workload (selected by a ServiceEntry) is among the endpoints both ways, and a
-// WasmPlugin module is verified before the answer. Every resource passes Envoy's validation.
+// WasmPlugin module fetched over HTTP is in the answer. Every resource passes Envoy's validation.
 func TestTranslateEqualsWhatDiscoverySends(t *testing.T) {
 	module := []byte("\x00asm\x01\x00\x00\x00")
 	sum := sha256.Sum256(module)
-	modPath := filepath.Join(t.TempDir(), "stats.wasm")
-	require.NoError(t, os.WriteFile(modPath, module, 0o644))
+	// A slow module server: the first snapshot is built before the module is had, so
+	// Translate must wait for the push that follows the fetch.
+	mods := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = w.Write(module)
+	}))
+	defer mods.Close()
 	files := map[string]string{"services.yaml": services, "traffic.yaml": translateTraffic,
-		"plugin.yaml": fmt.Sprintf(translatePlugin, modPath, hex.EncodeToString(sum[:]))}
+		"plugin.yaml": fmt.Sprintf(translatePlugin, mods.URL+"/stats.wasm", hex.EncodeToString(sum[:]))}
 	cache := t.TempDir()
 	e := start(t, files, func(o *discovery.Options) { o.MTLS = true; o.WasmCacheDir = cache })
 	n := node(t, "frontend-1", "frontend", "127.10.0.1", "127.20.0.1")
@@ -118,6 +125,31 @@ func TestTranslateEqualsWhatDiscoverySends(t *testing.T) {
 	}
 	for _, typ := range types {
 		assert.NotEmpty(t, dump[typ].Items, xds.ShortType(typ))
+	}
+	assertSameECDS(t, e, n, dump[xds.ExtensionType])
+}
+
+// assertSameECDS asks discovery for the extension configs over a plain SotW ADS stream (as
+// the adsc client does not follow ECDS) and compares them with Translate's.
+func assertSameECDS(t *testing.T, e *env, n *core.Node, want *xds.Resources) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := discoverypb.NewAggregatedDiscoveryServiceClient(e.cc).StreamAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&discoverypb.DiscoveryRequest{Node: n, TypeUrl: xds.ExtensionType, ResourceNames: want.Names()}))
+	resp, err := stream.Recv()
+	require.NoError(t, err)
+	require.Equal(t, xds.ExtensionType, resp.GetTypeUrl())
+	got := map[string][]byte{}
+	for _, a := range resp.GetResources() {
+		var ext core.TypedExtensionConfig
+		require.NoError(t, a.UnmarshalTo(&ext))
+		got[ext.GetName()] = a.GetValue()
+	}
+	require.Len(t, got, len(want.Items))
+	for _, r := range want.Items {
+		assert.True(t, bytes.Equal(got[r.Name], r.Any.GetValue()), "ecds %s differs from what discovery sent", r.Name)
 	}
 }
 
