@@ -133,6 +133,11 @@ func TestMeshctlProxyStatusAndConfig(t *testing.T) {
 		assert.Equal(t, r[3], r[5], "%s: the version the proxy holds is the one acked", typ)
 	}
 
+	// Shell completion offers the pods discovery knows.
+	completion := meshctl(t, ctx, bin, "__complete", "proxy-config", "clusters", addrs, "")
+	assert.Contains(t, completion, frontName+"\n")
+	assert.Contains(t, completion, "solo.default\n")
+
 	proxyConfigTables(t, ctx, bin, addrs, front, back)
 	nackShowsStale(t, ctx, m, bin, addrs, front)
 }
