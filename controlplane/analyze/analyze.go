@@ -196,7 +196,7 @@ func (in *input) add(file string, data []byte) {
 		if d.Key != nil {
 			m.Origin = fmt.Sprintf("%s %s/%s", d.Key.Kind, d.Key.Namespace, d.Key.Name)
 		}
-		m.Reference = fmt.Sprintf("%s:%d", file, at.start)
+		m.Reference = at.ref(lastField(d.Err.Field), "")
 		in.problems = append(in.problems, m)
 	}
 }
@@ -210,6 +210,21 @@ func istioKind(lines []string) bool {
 		}
 	}
 	return false
+}
+
+// lastField is the key a field path ends with ("weight" of "spec.http[0].route[0].weight"),
+// to find its line; "" for the envelope's "spec".
+func lastField(path string) string {
+	if i := strings.LastIndex(path, "."); i >= 0 {
+		path = path[i+1:]
+	}
+	if i := strings.Index(path, "["); i >= 0 {
+		path = path[:i]
+	}
+	if path == "spec" {
+		return ""
+	}
+	return path
 }
 
 func fieldError(e *config.Error) string {

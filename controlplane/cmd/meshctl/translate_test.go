@@ -10,7 +10,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
 	"sigs.k8s.io/yaml"
+
+	"github.com/wasmesh/wasmesh/controlplane/envoytypes"
 )
 
 const translateConfig = `apiVersion: networking.istio.io/v1
@@ -89,6 +93,12 @@ func TestTranslateCommandWithPod(t *testing.T) {
 	assert.Contains(t, out, `"destinationPort": 8080`, "the inbound chain of the pod's container port")
 	assert.Contains(t, eds, `"tlsMode": "istio"`, "the injected pod's labels: it has a sidecar")
 
+	for typ, list := range map[string][]map[string]json.RawMessage{"cds": tr.CDS, "eds": tr.EDS, "lds": tr.LDS, "rds": tr.RDS} {
+		for _, r := range list {
+			assertValidResource(t, typ, r)
+		}
+	}
+
 	again, _, err := run(t, "", "x", "translate", dir, "--proxy", pod, "--wasmCacheDir", cache)
 	require.NoError(t, err)
 	assert.Equal(t, out, again, "deterministic output")
@@ -98,6 +108,19 @@ func TestTranslateCommandWithPod(t *testing.T) {
 	var only map[string]any
 	require.NoError(t, yaml.Unmarshal([]byte(lds), &only))
 	assert.ElementsMatch(t, []string{"proxy", "lds"}, keys(only))
+}
+
+// assertValidResource reads a printed resource back as its @type and runs Envoy's
+// validation on it: the printing loses nothing Envoy would check.
+func assertValidResource(t *testing.T, typ string, r map[string]json.RawMessage) {
+	t.Helper()
+	raw, err := json.Marshal(r)
+	require.NoError(t, err)
+	var a anypb.Any
+	require.NoError(t, protojson.Unmarshal(raw, &a), "%s %s", typ, raw)
+	m, err := a.UnmarshalNew()
+	require.NoError(t, err)
+	assert.NoError(t, envoytypes.Validate(m), "%s %s", typ, raw)
 }
 
 func keys(m map[string]any) []string {
