@@ -34,10 +34,26 @@ func check(in *input, opts Options) []Message {
 }
 
 // instance is a workload that can be an endpoint: a WorkloadEntry or a ServiceEntry's own
-// endpoint.
+// endpoint, or (partial) the workloads a ServiceEntry's workloadSelector expects, pods or
+// proxies that register at run time, of which only the selector's labels are known.
 type instance struct {
 	namespace string
 	labels    map[string]string
+	partial   bool
+}
+
+// matches reports whether the instance has the labels of sel: surely, or, partial, maybe
+// (no label of sel contradicts the selector's).
+func (w instance) matches(sel map[string]string) bool {
+	if !w.partial {
+		return selects(sel, w.labels)
+	}
+	for k, v := range sel {
+		if have, ok := w.labels[k]; ok && have != v {
+			return false
+		}
+	}
+	return true
 }
 
 // service is a host a ServiceEntry defines, with its instances.
@@ -58,14 +74,14 @@ func newMesh(in *input) *mesh {
 	var entries []instance
 	for _, d := range in.kind(config.WorkloadEntry) {
 		we := d.cfg.Spec.(*networking.WorkloadEntry)
-		entries = append(entries, instance{d.cfg.Namespace, we.GetLabels()})
+		entries = append(entries, instance{namespace: d.cfg.Namespace, labels: we.GetLabels()})
 	}
 	m.workloads = append(m.workloads, entries...)
 	for _, d := range in.kind(config.ServiceEntry) {
 		se := d.cfg.Spec.(*networking.ServiceEntry)
 		var inst []instance
 		for _, ep := range se.GetEndpoints() {
-			inst = append(inst, instance{d.cfg.Namespace, ep.GetLabels()})
+			inst = append(inst, instance{namespace: d.cfg.Namespace, labels: ep.GetLabels()})
 		}
 		m.workloads = append(m.workloads, inst...)
 		if sel := se.GetWorkloadSelector().GetLabels(); sel != nil {
@@ -74,6 +90,9 @@ func newMesh(in *input) *mesh {
 					inst = append(inst, w)
 				}
 			}
+			expected := instance{namespace: d.cfg.Namespace, labels: sel, partial: true}
+			inst = append(inst, expected)
+			m.workloads = append(m.workloads, expected)
 		}
 		for _, h := range se.GetHosts() {
 			m.services = append(m.services, &service{host: resolve(h, d.cfg.Namespace), namespace: d.cfg.Namespace, instances: inst})
@@ -215,7 +234,7 @@ func (m *mesh) destinationRules() []Message {
 func (m *mesh) anySelected(svcs []*service, labels map[string]string) bool {
 	for _, s := range svcs {
 		for _, w := range s.instances {
-			if selects(labels, w.labels) {
+			if w.matches(labels) {
 				return true
 			}
 		}
@@ -346,7 +365,7 @@ func (m *mesh) envoyFilters() []Message {
 // selects a workload of the input.
 func (m *mesh) workloadSelected(ns string, sel map[string]string) bool {
 	for _, w := range m.workloads {
-		if (ns == rootNamespace || w.namespace == ns) && selects(sel, w.labels) {
+		if (ns == rootNamespace || w.namespace == ns) && w.matches(sel) {
 			return true
 		}
 	}
