@@ -14,6 +14,9 @@ import (
 	"sort"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
 	"github.com/wasmesh/wasmesh/controlplane/config"
 	"github.com/wasmesh/wasmesh/controlplane/source/filedir"
 )
@@ -114,7 +117,7 @@ func Paths(paths []string, opts Options) (*Result, error) {
 		}
 	}
 	res.ParseErrors = in.parseErrors
-	res.Messages = append(in.problems, check(in, opts)...)
+	res.Messages = dedupe(append(in.problems, check(in, opts)...))
 	sort.SliceStable(res.Messages, func(i, j int) bool {
 		a, b := res.Messages[i], res.Messages[j]
 		if a.level != b.level {
@@ -126,6 +129,19 @@ func Paths(paths []string, opts Options) (*Result, error) {
 		return a.Reference < b.Reference
 	})
 	return res, nil
+}
+
+// dedupe drops repeated messages (two destinations of one rule naming one unknown host).
+func dedupe(msgs []Message) []Message {
+	seen := map[string]bool{}
+	out := msgs[:0]
+	for _, m := range msgs {
+		if k := m.String(); !seen[k] {
+			seen[k] = true
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // doc is one valid config and where it is.
@@ -166,6 +182,20 @@ type input struct {
 	byKind      map[config.Kind][]*doc
 	problems    []Message
 	parseErrors []string
+	// kubeServices are the input's Kubernetes Services.
+	kubeServices []*corev1.Service
+}
+
+// kubeService reads a document as a Kubernetes Service, nil when it is not one.
+func kubeService(lines []string) *corev1.Service {
+	var svc corev1.Service
+	if yaml.Unmarshal([]byte(strings.Join(lines, "\n")), &svc) != nil || svc.APIVersion != "v1" || svc.Kind != "Service" || svc.Name == "" {
+		return nil
+	}
+	if svc.Namespace == "" {
+		svc.Namespace = config.DefaultNamespace
+	}
+	return &svc
 }
 
 func (in *input) kind(k config.Kind) []*doc { return in.byKind[k] }
@@ -190,7 +220,12 @@ func (in *input) add(file string, data []byte) {
 			continue
 		}
 		if d.Err.Field == "kind" && !istioKind(at.lines) {
-			continue // Kubernetes objects beside the configs: not discovery's to read
+			// Kubernetes objects beside the configs: not discovery's to read, but a
+			// Service's host is one a route may name (on Kubernetes discovery has it).
+			if svc := kubeService(at.lines); svc != nil {
+				in.kubeServices = append(in.kubeServices, svc)
+			}
+			continue
 		}
 		m := newMessage(Error, "IST0106", "Schema validation error: %s", fieldError(d.Err))
 		if d.Key != nil {

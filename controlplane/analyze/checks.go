@@ -98,6 +98,15 @@ func newMesh(in *input) *mesh {
 			m.services = append(m.services, &service{host: resolve(h, d.cfg.Namespace), namespace: d.cfg.Namespace, instances: inst})
 		}
 	}
+	for _, svc := range in.kubeServices {
+		// Its pods are not in the input: only its selector's labels are known.
+		var inst []instance
+		if len(svc.Spec.Selector) > 0 {
+			inst = append(inst, instance{namespace: svc.Namespace, labels: svc.Spec.Selector, partial: true})
+			m.workloads = append(m.workloads, inst...)
+		}
+		m.services = append(m.services, &service{host: svc.Name + "." + svc.Namespace + ".svc.cluster.local", namespace: svc.Namespace, instances: inst})
+	}
 	return m
 }
 

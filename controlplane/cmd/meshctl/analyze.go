@@ -53,8 +53,10 @@ DestinationRule for an unknown host (IST0174) or with a subset selecting no Work
 or ServiceEntry endpoint of the input (IST0173), and wasmesh's own: a Sidecar egress that
 imports nothing (WSM0001), an EnvoyFilter that patches nothing (WSM0002), DestinationRules
 discovery merges that set one thing twice (WSM0003), a WasmPlugin whose module cannot be
-read or fetched or fails its sha256 (WSM0004). Kubernetes objects in the input are skipped
-(--kubernetes, reading a cluster, is not offered).
+read or fetched or fails its sha256 (WSM0004). A Kubernetes Service in the input is a host
+routes may name (its pods, unknown offline, may have any label its selector does not
+contradict); other Kubernetes objects are skipped. --kubernetes (reading a cluster) is not
+offered.
 
 Exit codes, istioctl's: 0 when nothing reaches --failure-threshold, 79 when something does
 (with the log output, as istioctl: -o json|yaml exits 0), 65 when a document is not YAML,
