@@ -131,6 +131,22 @@ func keys(m map[string]any) []string {
 	return out
 }
 
+// --meshConfig is discovery's mesh config: REGISTRY_ONLY turns the catch-all route into
+// block_all.
+func TestTranslateCommandMeshConfig(t *testing.T) {
+	dir := writeConfig(t, "config.yaml", translateConfig)
+	meshFile := filepath.Join(t.TempDir(), "mesh.yaml")
+	require.NoError(t, os.WriteFile(meshFile, []byte("outboundTrafficPolicy: {mode: REGISTRY_ONLY}\n"), 0o644))
+	proxy := "sidecar~10.1.0.7~client.shop~shop.svc.cluster.local"
+	def, _, err := run(t, "", "x", "translate", dir, "--proxy", proxy, "--type", "rds", "--wasmCacheDir", t.TempDir())
+	require.NoError(t, err)
+	assert.Contains(t, def, `"allow_any"`)
+	only, _, err := run(t, "", "x", "translate", dir, "--proxy", proxy, "--type", "rds", "--meshConfig", meshFile, "--wasmCacheDir", t.TempDir())
+	require.NoError(t, err)
+	assert.Contains(t, only, `"block_all"`)
+	assert.NotContains(t, only, `"allow_any"`)
+}
+
 // A node id is a proxy too (its namespace from the id, no labels); a bad --proxy, --type or
 // -o is an error naming it.
 func TestTranslateCommandArguments(t *testing.T) {
