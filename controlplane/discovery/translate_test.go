@@ -5,12 +5,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +23,9 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+	"sigs.k8s.io/yaml"
 
 	"github.com/wasmesh/wasmesh/controlplane/adsc"
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
@@ -166,4 +173,102 @@ func endpointAddrs(t *testing.T, dump map[string]*xds.Resources, cluster string)
 		}
 	}
 	return out
+}
+
+// goldenProxy is an entry of an xds golden case's proxies.yaml.
+type goldenProxy struct {
+	ID       string         `json:"id"`
+	Metadata map[string]any `json:"metadata"`
+	Dump     bool           `json:"dump"`
+	Types    []string       `json:"types"`
+	Locality string         `json:"locality"`
+}
+
+// Translate gives what the xds golden cases (package xds's testdata, built there straight
+// from the configs) say each proxy gets, through discovery's whole pipeline instead. The
+// cases where more than one proxy is listed and some register as workloads are left out:
+// Translate registers the proxy it is asked about only, as if it were alone.
+func TestTranslateGoldenCases(t *testing.T) {
+	dirs, err := filepath.Glob("../xds/testdata/*")
+	require.NoError(t, err)
+	ran := 0
+	for _, dir := range dirs {
+		var proxies []goldenProxy
+		data, err := os.ReadFile(filepath.Join(dir, "proxies.yaml"))
+		require.NoError(t, err)
+		require.NoError(t, yaml.UnmarshalStrict(data, &proxies))
+		workloads := 0
+		for _, p := range proxies {
+			if p.Metadata["INSTANCE_IPS"] != nil {
+				workloads++
+			}
+		}
+		if workloads > 0 && len(proxies) > 1 {
+			continue
+		}
+		ran++
+		t.Run(filepath.Base(dir), func(t *testing.T) { checkGoldenCase(t, dir, proxies) })
+	}
+	assert.GreaterOrEqual(t, ran, 15, "golden cases compared")
+}
+
+func checkGoldenCase(t *testing.T, dir string, proxies []goldenProxy) {
+	cfgDir := t.TempDir()
+	input, err := os.ReadFile(filepath.Join(dir, "input.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(cfgDir, "input.yaml"), input, 0o644))
+	opts := discovery.Options{ConfigDir: cfgDir, WasmCacheDir: t.TempDir()}
+	if _, err := os.Stat(filepath.Join(dir, "mesh.yaml")); err == nil {
+		opts.MeshConfigFile = filepath.Join(dir, "mesh.yaml")
+	}
+	if od, err := os.ReadFile(filepath.Join(dir, "options.yaml")); err == nil {
+		var o struct {
+			MTLS bool `json:"mtls"`
+		}
+		require.NoError(t, yaml.UnmarshalStrict(od, &o))
+		opts.MTLS = o.MTLS
+	}
+	var golden []map[string]any
+	out, err := os.ReadFile(filepath.Join(dir, "output.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(out, &golden))
+	i := 0
+	for _, p := range proxies {
+		if !p.Dump {
+			continue
+		}
+		want := golden[i]
+		i++
+		require.Equal(t, p.ID, want["proxy"])
+		md, err := structpb.NewStruct(p.Metadata)
+		require.NoError(t, err)
+		n := &core.Node{Id: p.ID, Metadata: md}
+		if p.Locality != "" {
+			parts := append(strings.SplitN(p.Locality, "/", 3), "", "")
+			n.Locality = &core.Locality{Region: parts[0], Zone: parts[1], SubZone: parts[2]}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		dump, err := discovery.Translate(ctx, opts, n, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		cancel()
+		require.NoError(t, err)
+		for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType, xds.ExtensionType} {
+			short := xds.ShortType(typ)
+			wantList, listed := want[short]
+			if !listed {
+				continue
+			}
+			var got []any
+			for _, r := range dump[typ].Items {
+				js, err := protojson.Marshal(r.Message)
+				require.NoError(t, err)
+				var v any
+				require.NoError(t, json.Unmarshal(js, &v))
+				got = append(got, v)
+			}
+			if wantList == nil {
+				wantList = []any(nil)
+			}
+			assert.Equal(t, wantList, got, "%s %s", p.ID, short)
+		}
+	}
 }
