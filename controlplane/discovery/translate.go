@@ -20,14 +20,25 @@ import (
 // name, as xds.Dump and /debug/config_dump give them. It runs discovery's own pipeline (the
 // config directory and mesh config through meshstate and the registry, the WasmPlugin
 // module fetcher, the pusher's snapshot, the generators) without listeners, Kubernetes, CA
-// or webhooks, which opts' fields for those are cleared of. A proxy whose node carries
-// workload metadata is registered as when it connects, healthy, as it is once its agent's
-// first report arrived. Translate returns once every WasmPlugin module is fetched or has
-// failed and the snapshot in force includes that; ctx bounds the wait.
-func Translate(ctx context.Context, opts Options, node *core.Node, log *slog.Logger) (map[string]*xds.Resources, error) {
+// or webhooks, which opts' fields for those are cleared of. The proxy, and the other
+// proxies connected (their nodes), are registered as workloads as when they connect (when
+// their nodes carry workload metadata), healthy, as they are once their agents' first
+// reports arrived. Translate returns once every WasmPlugin module is fetched or has failed
+// and the snapshot in force includes that; ctx bounds the wait.
+func Translate(ctx context.Context, opts Options, node *core.Node, log *slog.Logger, connected ...*core.Node) (map[string]*xds.Resources, error) {
 	proxy, err := model.ParseNode(node)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	var workloads []*model.Workload
+	for _, n := range append([]*core.Node{node}, connected...) {
+		p, err := model.ParseNode(n)
+		if err != nil {
+			return nil, fmt.Errorf("connected proxy: %w", err)
+		}
+		if w, ok := p.Workload(); ok {
+			workloads = append(workloads, w)
+		}
 	}
 	opts.GRPCAddr, opts.HTTPAddr = "", ""
 	opts.Kube, opts.KubeStatus, opts.LeaderElection, opts.Sources = nil, false, false, nil
@@ -38,7 +49,7 @@ func Translate(ctx context.Context, opts Options, node *core.Node, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	if w, ok := proxy.Workload(); ok {
+	for _, w := range workloads {
 		d.AutoReg.Connect(w, false)
 	}
 	runCtx, cancel := context.WithCancel(ctx)

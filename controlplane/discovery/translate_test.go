@@ -185,9 +185,8 @@ type goldenProxy struct {
 }
 
 // Translate gives what the xds golden cases (package xds's testdata, built there straight
-// from the configs) say each proxy gets, through discovery's whole pipeline instead. The
-// cases where more than one proxy is listed and some register as workloads are left out:
-// Translate registers the proxy it is asked about only, as if it were alone.
+// from the configs, every listed proxy registered) say each proxy gets, through
+// discovery's whole pipeline instead, the case's other proxies connected.
 func TestTranslateGoldenCases(t *testing.T) {
 	dirs, err := filepath.Glob("../xds/testdata/*")
 	require.NoError(t, err)
@@ -197,19 +196,10 @@ func TestTranslateGoldenCases(t *testing.T) {
 		data, err := os.ReadFile(filepath.Join(dir, "proxies.yaml"))
 		require.NoError(t, err)
 		require.NoError(t, yaml.UnmarshalStrict(data, &proxies))
-		workloads := 0
-		for _, p := range proxies {
-			if p.Metadata["INSTANCE_IPS"] != nil {
-				workloads++
-			}
-		}
-		if workloads > 0 && len(proxies) > 1 {
-			continue
-		}
 		ran++
 		t.Run(filepath.Base(dir), func(t *testing.T) { checkGoldenCase(t, dir, proxies) })
 	}
-	assert.GreaterOrEqual(t, ran, 15, "golden cases compared")
+	assert.GreaterOrEqual(t, ran, 20, "golden cases compared")
 }
 
 func checkGoldenCase(t *testing.T, dir string, proxies []goldenProxy) {
@@ -232,23 +222,27 @@ func checkGoldenCase(t *testing.T, dir string, proxies []goldenProxy) {
 	out, err := os.ReadFile(filepath.Join(dir, "output.yaml"))
 	require.NoError(t, err)
 	require.NoError(t, yaml.Unmarshal(out, &golden))
-	i := 0
-	for _, p := range proxies {
+	nodes := make([]*core.Node, len(proxies))
+	for i, p := range proxies {
+		md, err := structpb.NewStruct(p.Metadata)
+		require.NoError(t, err)
+		nodes[i] = &core.Node{Id: p.ID, Metadata: md}
+		if p.Locality != "" {
+			parts := append(strings.SplitN(p.Locality, "/", 3), "", "")
+			nodes[i].Locality = &core.Locality{Region: parts[0], Zone: parts[1], SubZone: parts[2]}
+		}
+	}
+	dumped := 0
+	for i, p := range proxies {
 		if !p.Dump {
 			continue
 		}
-		want := golden[i]
-		i++
+		want := golden[dumped]
+		dumped++
 		require.Equal(t, p.ID, want["proxy"])
-		md, err := structpb.NewStruct(p.Metadata)
-		require.NoError(t, err)
-		n := &core.Node{Id: p.ID, Metadata: md}
-		if p.Locality != "" {
-			parts := append(strings.SplitN(p.Locality, "/", 3), "", "")
-			n.Locality = &core.Locality{Region: parts[0], Zone: parts[1], SubZone: parts[2]}
-		}
+		others := append(slices.Clone(nodes[:i]), nodes[i+1:]...)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		dump, err := discovery.Translate(ctx, opts, n, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		dump, err := discovery.Translate(ctx, opts, nodes[i], slog.New(slog.NewTextHandler(io.Discard, nil)), others...)
 		cancel()
 		require.NoError(t, err)
 		for _, typ := range []string{xds.ClusterType, xds.EndpointType, xds.ListenerType, xds.RouteType, xds.ExtensionType} {

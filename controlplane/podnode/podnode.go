@@ -4,15 +4,19 @@
 package podnode
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/wasmesh/wasmesh/controlplane/inject"
@@ -45,6 +49,43 @@ func ParsePod(file string, data []byte) (*corev1.Pod, error) {
 		pod.Namespace = "default"
 	}
 	return &pod, nil
+}
+
+// ParsePods reads the Pods of a multi-document YAML file (each as ParsePod reads one).
+func ParsePods(file string, data []byte) ([]*corev1.Pod, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var pods []*corev1.Pod
+	for n := 1; ; n++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: document %d: %w", file, n, err)
+		}
+		if blank(doc) {
+			continue
+		}
+		pod, err := ParsePod(fmt.Sprintf("%s: document %d", file, n), doc)
+		if err != nil {
+			return nil, err
+		}
+		pods = append(pods, pod)
+	}
+	if len(pods) == 0 {
+		return nil, fmt.Errorf("%s: no Pod", file)
+	}
+	return pods, nil
+}
+
+// blank reports whether a document holds only comments and space.
+func blank(doc []byte) bool {
+	for _, l := range bytes.Split(doc, []byte("\n")) {
+		if t := bytes.TrimSpace(l); len(t) > 0 && t[0] != '#' {
+			return false
+		}
+	}
+	return true
 }
 
 // Node is the node the sidecar of pod presents: the injector's template (cfg, mesh) gives

@@ -14,6 +14,7 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
+	meshconfig "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
@@ -35,6 +36,7 @@ var translateTypes = []string{xds.ClusterType, xds.EndpointType, xds.ListenerTyp
 
 type translateFlags struct {
 	proxy, meshConfig, typ, output, wasmCacheDir string
+	workloads                                    []string
 	mtls                                         bool
 	timeout                                      time.Duration
 }
@@ -51,9 +53,12 @@ name (rds) and the extension configs (ecds), each list sorted by name, so two co
 on a proxy can be diffed in CI. The proxy is a node id (sidecar~IP~POD.NAMESPACE~NAMESPACE.svc.cluster.local)
 or a Pod's YAML (with status.podIP): the sidecar injector's template and the pod give the
 node's labels, namespace, service account, IP, ports and annotations as the agent would.
+The proxy is registered as a workload as when it connects; --workload adds the sidecars
+of other pods (a file of Pod YAML, repeatable) as connected, so they are endpoints too.
 WasmPlugin modules are fetched as discovery fetches them (into --wasmCacheDir).`,
 		Example: `  meshctl x translate configs/ --proxy pod.yaml --type lds
-  meshctl x translate configs/ --proxy sidecar~10.0.0.5~web-1.shop~shop.svc.cluster.local -o yaml`,
+  meshctl x translate configs/ --proxy sidecar~10.0.0.5~web-1.shop~shop.svc.cluster.local -o yaml
+  meshctl x translate configs/ --proxy frontend-pod.yaml --workload backend-pods.yaml --type eds`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return translate(cmd, args[0], fl)
@@ -61,6 +66,7 @@ WasmPlugin modules are fetched as discovery fetches them (into --wasmCacheDir).`
 	}
 	f := cmd.Flags()
 	f.StringVar(&fl.proxy, "proxy", "", "the proxy: its node id, or a file with its Pod's YAML")
+	f.StringArrayVar(&fl.workloads, "workload", nil, "a file of Pod YAML whose sidecars are connected too (repeatable)")
 	f.StringVar(&fl.meshConfig, "meshConfig", "", "mesh config YAML (default: wasmesh's defaults)")
 	f.StringVar(&fl.typ, "type", "all", "what to print: cds, eds, lds, rds, ecds or all")
 	f.StringVarP(&fl.output, "output", "o", "json", "output format: json or yaml")
@@ -79,7 +85,15 @@ func translate(cmd *cobra.Command, dir string, fl translateFlags) error {
 	if fl.output != "json" && fl.output != "yaml" {
 		return fmt.Errorf("--output %q: want json or yaml", fl.output)
 	}
-	node, err := proxyNode(fl.proxy, fl.meshConfig)
+	m, err := meshConfig(fl.meshConfig)
+	if err != nil {
+		return err
+	}
+	node, err := proxyNode(fl.proxy, m)
+	if err != nil {
+		return err
+	}
+	others, err := workloadNodes(fl.workloads, m)
 	if err != nil {
 		return err
 	}
@@ -88,7 +102,7 @@ func translate(cmd *cobra.Command, dir string, fl translateFlags) error {
 	// Discovery's log says what it skipped (rejected documents, modules that failed).
 	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	dump, err := discovery.Translate(ctx, discovery.Options{ConfigDir: dir, MeshConfigFile: fl.meshConfig, MTLS: fl.mtls,
-		WasmCacheDir: fl.wasmCacheDir}, node, log)
+		WasmCacheDir: fl.wasmCacheDir}, node, log, others...)
 	if err != nil {
 		return err
 	}
@@ -107,8 +121,20 @@ func selectTypes(s string) ([]string, error) {
 	return nil, fmt.Errorf("--type %q: want cds, eds, lds, rds, ecds or all", s)
 }
 
+// meshConfig reads --meshConfig (defaults without one).
+func meshConfig(file string) (*meshconfig.MeshConfig, error) {
+	if file == "" {
+		return mesh.Default(), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return mesh.Parse(file, data)
+}
+
 // proxyNode reads --proxy: a Pod's YAML when it names a file, else a node id.
-func proxyNode(proxy, meshFile string) (*core.Node, error) {
+func proxyNode(proxy string, m *meshconfig.MeshConfig) (*core.Node, error) {
 	data, err := os.ReadFile(proxy)
 	if err != nil {
 		if strings.Count(proxy, "~") == 3 {
@@ -120,17 +146,30 @@ func proxyNode(proxy, meshFile string) (*core.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := mesh.Default()
-	if meshFile != "" {
-		md, err := os.ReadFile(meshFile)
+	return podnode.Node(inject.DefaultConfig(), m, pod)
+}
+
+// workloadNodes reads --workload files: the nodes of their pods' sidecars.
+func workloadNodes(files []string, m *meshconfig.MeshConfig) ([]*core.Node, error) {
+	var out []*core.Node
+	for _, f := range files {
+		data, err := os.ReadFile(f)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--workload: %w", err)
 		}
-		if m, err = mesh.Parse(meshFile, md); err != nil {
-			return nil, err
+		pods, err := podnode.ParsePods(f, data)
+		if err != nil {
+			return nil, fmt.Errorf("--workload: %w", err)
+		}
+		for _, pod := range pods {
+			n, err := podnode.Node(inject.DefaultConfig(), m, pod)
+			if err != nil {
+				return nil, fmt.Errorf("--workload: %w", err)
+			}
+			out = append(out, n)
 		}
 	}
-	return podnode.Node(inject.DefaultConfig(), m, pod)
+	return out, nil
 }
 
 // writeTranslation prints the resources of types, each as its Any's JSON (with @type),

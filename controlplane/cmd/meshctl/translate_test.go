@@ -131,6 +131,35 @@ func keys(m map[string]any) []string {
 	return out
 }
 
+// --workload connects other pods' sidecars: a file of several pods, each an endpoint of
+// the service selecting it; a file without a pod is an error naming it.
+func TestTranslateCommandWorkloads(t *testing.T) {
+	dir := writeConfig(t, "config.yaml", translateConfig)
+	tmp := t.TempDir()
+	client := filepath.Join(tmp, "client.yaml")
+	require.NoError(t, os.WriteFile(client, []byte(strings.NewReplacer("web-1", "client-1", "{app: web, version: v1}", "{app: client}",
+		"10.1.0.5", "10.1.0.9").Replace(webPod)), 0o644))
+	webs := filepath.Join(tmp, "webs.yaml")
+	require.NoError(t, os.WriteFile(webs, []byte(webPod+"---\n"+strings.NewReplacer("web-1", "web-2", "10.1.0.5", "10.1.0.6").Replace(webPod)), 0o644))
+
+	out, _, err := run(t, "", "x", "translate", dir, "--proxy", client, "--workload", webs, "--type", "eds", "--wasmCacheDir", tmp)
+	require.NoError(t, err)
+	var tr translation
+	require.NoError(t, json.Unmarshal([]byte(out), &tr))
+	require.Len(t, tr.EDS, 1)
+	eds := string(tr.EDS[0]["endpoints"])
+	for _, ip := range []string{"10.1.0.5", "10.1.0.6", "10.9.0.1"} {
+		assert.Contains(t, eds, `"`+ip+`"`)
+	}
+	assert.NotContains(t, eds, `"10.1.0.9"`, "the client is no web workload")
+
+	empty := filepath.Join(tmp, "empty.yaml")
+	require.NoError(t, os.WriteFile(empty, []byte("# nothing\n"), 0o644))
+	_, _, err = run(t, "", "x", "translate", dir, "--proxy", client, "--workload", empty)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "empty.yaml: no Pod")
+}
+
 // --meshConfig is discovery's mesh config: REGISTRY_ONLY turns the catch-all route into
 // block_all.
 func TestTranslateCommandMeshConfig(t *testing.T) {
