@@ -1,8 +1,8 @@
 # wasmesh build, test, bench and run.
 #
 # Everything a fresh machine needs is installed from here: Go modules from the module
-# proxy; Node.js/npm and prometheus from Debian when missing (the AssemblyScript test
-# fixture; the metrics beside `make run` and in the tests).
+# proxy; Node.js/npm, prometheus and chromium from Debian when missing (the AssemblyScript
+# test fixture; the metrics beside `make run` and in the tests; the mesh page's test).
 
 SHELL := /bin/bash
 GO ?= go
@@ -44,7 +44,8 @@ deps:
 	@for m in $(MODULES); do (cd $$m && $(GO) mod download) || exit 1; done
 
 # Debian provides what is absent: Node.js and npm build the AssemblyScript fixture;
-# prometheus (with promtool) runs beside `make run` and in the metrics tests.
+# prometheus (with promtool) runs beside `make run` and in the metrics tests; headless
+# chromium loads the mesh page in its test.
 tools:
 	@command -v npm >/dev/null 2>&1 || { \
 		echo "installing nodejs and npm from Debian"; \
@@ -52,6 +53,9 @@ tools:
 	@{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || { \
 		echo "installing prometheus from Debian"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing chromium from Debian"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
 build: deps wasm
 	@mkdir -p $(BIN)

@@ -51,22 +51,7 @@ func latencyQuery(q float64) string {
 // discovery's /metrics (every target up), and each query of Istio's dashboards that the
 // mesh has data for returns series with the labels the dashboards group by.
 func TestPrometheusAnswersIstioDashboards(t *testing.T) {
-	if _, err := promserver.Find(""); err != nil {
-		if meshtest.RequireFixtures() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	m, ctx := startMesh(t, sampleConfig(t))
-	front := addBookinfo(t, ctx, m)
-	opts := m.PrometheusOptions()
-	opts.ScrapeInterval = time.Second
-	prom, err := promserver.Start(ctx, opts)
-	require.NoError(t, err)
-	t.Cleanup(prom.Close)
-	go prom.Follow(ctx, time.Second, m.ScrapeTargets)
-	load := meshtest.SteadyLoad(t, ctx, front.URL("/"), 50)
-	t.Cleanup(func() { load.Stop() })
+	m, ctx, prom := sampleMeshWithPrometheus(t, 50)
 
 	require.Eventually(t, func() bool {
 		ts, err := prom.ActiveTargets(ctx)
@@ -141,6 +126,29 @@ func hasLabels(samples []promserver.Sample, labels []string) bool {
 		}
 	}
 	return true
+}
+
+// sampleMeshWithPrometheus starts the sample mesh with steady load at rate to its front end
+// and a Prometheus scraping it every second.
+func sampleMeshWithPrometheus(t *testing.T, rate float64) (*localmesh.Mesh, context.Context, *promserver.Server) {
+	t.Helper()
+	if _, err := promserver.Find(""); err != nil {
+		if meshtest.RequireFixtures() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	m, ctx := startMesh(t, sampleConfig(t))
+	front := addBookinfo(t, ctx, m)
+	opts := m.PrometheusOptions()
+	opts.ScrapeInterval = time.Second
+	prom, err := promserver.Start(ctx, opts)
+	require.NoError(t, err)
+	t.Cleanup(prom.Close)
+	go prom.Follow(ctx, time.Second, m.ScrapeTargets)
+	load := meshtest.SteadyLoad(t, ctx, front.URL("/"), rate)
+	t.Cleanup(func() { load.Stop() })
+	return m, ctx, prom
 }
 
 // addBookinfo starts the sample's pods and returns the front end.

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/wasmesh/wasmesh/testenv/meshview"
 	"github.com/wasmesh/wasmesh/testenv/promserver"
 )
 
@@ -136,4 +137,34 @@ func (m *Mesh) ScrapeTargets() []promserver.Target {
 func (m *Mesh) PrometheusOptions() promserver.Options {
 	return promserver.Options{Dir: filepath.Join(m.opts.Dir, "prometheus"), Discovery: m.httpAddr,
 		Env: []string{EnvMeshDir + "=" + m.opts.Dir}}
+}
+
+// ViewSources are what the mesh page (package meshview) reads of this mesh: its running
+// workloads, discovery's sync state and rejected config, and prom's metrics.
+func (m *Mesh) ViewSources(prom *promserver.Server) meshview.Sources {
+	return meshview.Sources{
+		Prometheus: prom,
+		Discovery:  []string{m.httpAddr},
+		Workloads: func() []meshview.Workload {
+			count := map[[2]string]int{}
+			for _, p := range m.Pods() {
+				if p.Running() {
+					count[[2]string{p.Workload(), p.Spec.Namespace}]++
+				}
+			}
+			out := make([]meshview.Workload, 0, len(count))
+			for k, n := range count {
+				out = append(out, meshview.Workload{Name: k[0], Namespace: k[1], Pods: n})
+			}
+			return out
+		},
+		Rejected: func(ctx context.Context) ([]meshview.Rejected, error) {
+			problems, err := m.ConfigProblems(ctx)
+			out := make([]meshview.Rejected, 0, len(problems))
+			for _, p := range problems {
+				out = append(out, meshview.Rejected(p))
+			}
+			return out, err
+		},
+	}
 }

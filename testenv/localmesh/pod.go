@@ -276,6 +276,10 @@ func (p *Pod) StatusURL(path string) string {
 	return "http://" + net.JoinHostPort(p.IP, strconv.Itoa(statusPort)) + path
 }
 
+// Workload is the pod's workload name (WORKLOAD_NAME: app-version), as its telemetry
+// reports it.
+func (p *Pod) Workload() string { return p.Spec.Labels["app"] + "-" + p.Spec.Labels["version"] }
+
 // AdminURL is a URL on the proxy's admin API.
 func (p *Pod) AdminURL(path string) string {
 	return "http://" + net.JoinHostPort(p.Localhost, "15000") + path
@@ -368,7 +372,7 @@ func (p *Pod) startAgent(n int) error {
 		"WASMESH_BASE_ID=" + strconv.Itoa(int(m.net)*10000+n),
 		"ISTIO_META_INTERCEPTION_MODE=NONE", "ISTIO_META_POD_PORTS=" + string(ports),
 		// The pod's Deployment, as Kubernetes would name it (Istio's workload name).
-		"ISTIO_META_WORKLOAD_NAME=" + p.Spec.Labels["app"] + "-" + p.Spec.Labels["version"],
+		"ISTIO_META_WORKLOAD_NAME=" + p.Workload(),
 		"PROXY_CONFIG=" + fmt.Sprintf(`{"terminationDrainDuration": %q}`, p.Spec.TerminationDrainDuration.String()),
 	}
 	// With identity the agent's XDS proxy dials discovery's TLS port with the pod's

@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -19,6 +21,7 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/internal/meshrunner"
 	"github.com/wasmesh/wasmesh/testenv/loadgen"
 	"github.com/wasmesh/wasmesh/testenv/localmesh"
+	"github.com/wasmesh/wasmesh/testenv/meshview"
 	"github.com/wasmesh/wasmesh/testenv/promserver"
 )
 
@@ -100,14 +103,18 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 		}
 	}
 	frontURL := front.URL("/")
-	var promURL string
+	var promServer *promserver.Server
 	if prom {
 		p, err := startPrometheus(ctx, m)
 		if err != nil {
 			return err
 		}
 		defer p.Close()
-		promURL = p.URL()
+		promServer = p
+	}
+	pageURL, err := servePage(ctx, m, promServer)
+	if err != nil {
+		return err
 	}
 	load, err := meshrunner.StartLoad(ctx, frontURL, rate)
 	if err != nil {
@@ -115,7 +122,7 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 	}
 	first := waitFirstSuccess(ctx, load)
 	fmt.Fprintf(out, "\nthe mesh is up: first successful request through it %v after start\n\n", first.Sub(begin).Round(time.Millisecond))
-	printGuide(out, m, frontURL, promURL)
+	printGuide(out, m, frontURL, promServer, pageURL)
 
 	meshrunner.Summarize(ctx, out, load, interval, once, func(prev, cur loadgen.Result) { printSummary(ctx, out, m, prev, cur) })
 	return nil
@@ -148,10 +155,26 @@ func startPrometheus(ctx context.Context, m *localmesh.Mesh) (*promserver.Server
 	return p, nil
 }
 
-func printGuide(out io.Writer, m *localmesh.Mesh, frontURL, promURL string) {
+// servePage serves the mesh page (package meshview) on a free loopback port until ctx ends.
+func servePage(ctx context.Context, m *localmesh.Mesh, prom *promserver.Server) (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: meshview.Handler(m.ViewSources(prom)), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	return "http://" + l.Addr().String() + "/", nil
+}
+
+func printGuide(out io.Writer, m *localmesh.Mesh, frontURL string, prom *promserver.Server, pageURL string) {
 	fmt.Fprintf(out, "front end:          curl %s\n", frontURL)
-	if promURL != "" {
-		fmt.Fprintf(out, "prometheus:         %s  (Istio's dashboards' queries work: istio_requests_total, istio_request_duration_milliseconds_bucket, pilot_*)\n", promURL)
+	fmt.Fprintf(out, "mesh page:          %s  (the graph, each proxy's sync state, rejected config; live)\n", pageURL)
+	if prom != nil {
+		fmt.Fprintf(out, "prometheus:         %s  (Istio's dashboards' queries work: istio_requests_total, istio_request_duration_milliseconds_bucket, pilot_*)\n", prom.URL())
 	}
 	fmt.Fprintf(out, "config (edit live): %s\n", m.ConfigDir())
 	fmt.Fprintf(out, "discovery:          %s  %s  %s  %s\n", m.DiscoveryURL("/debug/syncz"), m.DiscoveryURL("/debug/configz"),
