@@ -25,7 +25,7 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/config"
 )
 
-// Metric is one entry of the telemetry filter's "metrics" list (filters/telemetry/config.go).
+// Metric is one entry of the telemetry filter's "metrics" list (statsplan.MetricConfig in filters/telemetry/statsplan).
 type Metric struct {
 	Name         string            `json:"name,omitempty"`
 	Dimensions   map[string]string `json:"dimensions,omitempty"`
@@ -63,7 +63,7 @@ var istioMetrics = map[telemetry.MetricSelector_IstioMetric]string{
 // standardMetrics are the metrics the filter always knows.
 var standardMetrics = []string{"requests_total", "request_duration_milliseconds", "request_bytes", "response_bytes"}
 
-// standardTags are the labels the filter reports by default (filters/telemetry/labels.go).
+// standardTags are the labels the filter reports by default (statsplan.StandardLabelNames in filters/telemetry/statsplan).
 var standardTags = []string{
 	"reporter", "source_workload", "source_workload_namespace", "source_principal", "source_app", "source_version",
 	"source_canonical_service", "source_canonical_revision", "source_cluster", "destination_workload",
