@@ -52,6 +52,11 @@ var rawPaths = map[string][][]string{
 // RawResources are a section's resources as the proxy wrote them, those whose name keep
 // accepts (nil: all), for -o json and -o yaml: what the table shows, unabridged.
 func (d *Dump) RawResources(section string, keep func(name string) bool) ([]json.RawMessage, error) {
+	return d.rawAt(section, rawPaths[section], "name", keep)
+}
+
+// rawAt are the resources at paths of a section, by their field nameField.
+func (d *Dump) rawAt(section string, paths [][]string, nameField string, keep func(name string) bool) ([]json.RawMessage, error) {
 	raw, ok := d.Raw[section]
 	if !ok {
 		return nil, fmt.Errorf("the config dump has no %s section", section)
@@ -61,7 +66,7 @@ func (d *Dump) RawResources(section string, keep func(name string) bool) ([]json
 		return nil, err
 	}
 	out := []json.RawMessage{}
-	for _, path := range rawPaths[section] {
+	for _, path := range paths {
 		var list []json.RawMessage
 		if err := json.Unmarshal(top[path[0]], &list); err != nil && top[path[0]] != nil {
 			return nil, fmt.Errorf("%s %s: %w", section, path[0], err)
@@ -71,16 +76,41 @@ func (d *Dump) RawResources(section string, keep func(name string) bool) ([]json
 			if res == nil {
 				continue
 			}
-			var named struct {
-				Name string `json:"name"`
-			}
-			_ = json.Unmarshal(res, &named)
-			if keep == nil || keep(named.Name) {
+			var name string
+			_ = json.Unmarshal(dig(res, []string{nameField}), &name)
+			if keep == nil || keep(name) {
 				out = append(out, res)
 			}
 		}
 	}
 	return out, nil
+}
+
+// dynamicNames say where the resources xDS gave the proxy are, per type: section, path,
+// name field.
+var dynamicNames = map[string]struct {
+	section, field string
+	path           []string
+}{
+	"cds":  {"clusters", "name", []string{"dynamic_active_clusters", "cluster"}},
+	"lds":  {"listeners", "name", []string{"dynamic_listeners", "active_state", "listener"}},
+	"rds":  {"routes", "name", []string{"dynamic_route_configs", "route_config"}},
+	"eds":  {"endpoints", "cluster_name", []string{"dynamic_endpoint_configs", "endpoint_config"}},
+	"ecds": {"ecds", "name", []string{"ecds_filters", "ecds_filter"}},
+}
+
+// Names are the names of the resources the proxy holds from xDS, per type ("cds", ...);
+// a section the dump lacks gives none.
+func (d *Dump) Names() map[string][]string {
+	out := map[string][]string{}
+	for typ, at := range dynamicNames {
+		out[typ] = []string{}
+		_, _ = d.rawAt(at.section, [][]string{at.path}, at.field, func(n string) bool {
+			out[typ] = append(out[typ], n)
+			return false
+		})
+	}
+	return out
 }
 
 func dig(v json.RawMessage, path []string) json.RawMessage {

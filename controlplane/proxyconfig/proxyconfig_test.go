@@ -137,6 +137,19 @@ func TestVersions(t *testing.T) {
 	assert.Equal(t, map[string]string{}, (&Dump{Raw: map[string]json.RawMessage{}}).Versions())
 }
 
+// The names of the resources the proxy holds from xDS, what proxy-status compares with
+// discovery's: dynamic ones only (not the bootstrap's static clusters and listeners).
+func TestNames(t *testing.T) {
+	n := captured(t).Names()
+	assert.Contains(t, n["cds"], "outbound|9080|v1|reviews.default.svc.cluster.local")
+	assert.NotContains(t, n["cds"], "xds-grpc")
+	assert.Contains(t, n["eds"], "outbound|9080|v1|reviews.default.svc.cluster.local")
+	assert.Contains(t, n["lds"], "127.72.0.3_8080")
+	assert.Equal(t, []string{"9080"}, n["rds"])
+	assert.Len(t, n["ecds"], 1)
+	assert.Equal(t, map[string][]string{"cds": {}, "lds": {}, "rds": {}, "eds": {}, "ecds": {}}, (&Dump{Raw: map[string]json.RawMessage{}}).Names())
+}
+
 // A real Envoy's dump holds extensions and fields this build does not know: it still
 // parses, the tables still list it, and -o json prints it as the proxy wrote it.
 func TestUnknownExtensionsAndFields(t *testing.T) {

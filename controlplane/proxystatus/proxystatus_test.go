@@ -93,6 +93,19 @@ Rejected by the proxy (NACK); it keeps its last accepted config:
 	assert.Equal(t, map[string]bool{"cds": false, "lds": false, "eds": true, "rds": true, "ecds": true}, r.Match)
 }
 
+// The resources discovery generates for a proxy against those it holds, by name.
+func TestCompareResources(t *testing.T) {
+	r := Rows([]Proxy{proxy("web-1", "default", "d")})[0]
+	r.CompareResources(map[string][]string{"cds": {"a", "b", "c"}, "lds": {"x"}}, map[string][]string{"cds": {"c", "a", "z"}, "lds": {"x"}})
+	assert.Equal(t, Diff{Same: 2, Missing: []string{"b"}, Extra: []string{"z"}}, r.Resources["cds"])
+	assert.Equal(t, "1 same", r.Resources["lds"].String())
+	assert.Equal(t, "0 same", r.Resources["eds"].String())
+	var b bytes.Buffer
+	require.NoError(t, WriteDetail(&b, r))
+	assert.Contains(t, b.String(), "CDS    NOT SENT   -      -       2 same, 1 missing, 1 extra\n")
+	assert.Contains(t, b.String(), "\nResources that differ:\n  CDS the proxy lacks: b\n  CDS the proxy has that discovery would not send: z\n")
+}
+
 // Every replica must answer: a table missing one replica's proxies would mislead.
 func TestFetchNamesTheReplicaThatDoesNotAnswer(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

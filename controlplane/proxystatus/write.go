@@ -15,6 +15,9 @@ type Row struct {
 	// type (the newest resource's); Match says whether each equals the version acked.
 	ProxyVersions map[string]string `json:"proxyVersions,omitempty"`
 	Match         map[string]bool   `json:"match,omitempty"`
+	// Resources, for one pod, compare per type the resources discovery generates for it
+	// with those the proxy holds.
+	Resources map[string]Diff `json:"resources,omitempty"`
 }
 
 // Rows are the proxies with their states.
@@ -76,6 +79,9 @@ func WriteDetail(w io.Writer, r Row) error {
 	if r.ProxyVersions != nil {
 		header += "\tPROXY\tPROXY VERSION"
 	}
+	if r.Resources != nil {
+		header += "\tRESOURCES"
+	}
 	fmt.Fprintln(tw, header)
 	var nacks []string
 	for _, s := range r.Status {
@@ -92,6 +98,9 @@ func WriteDetail(w io.Writer, r Row) error {
 			}
 			line += "\t" + verdict + "\t" + dash(v)
 		}
+		if r.Resources != nil {
+			line += "\t" + r.Resources[s.Type].String()
+		}
 		fmt.Fprintln(tw, line)
 		if s.NackError != "" {
 			nacks = append(nacks, fmt.Sprintf("%s version %s: %s", strings.ToUpper(s.Type), s.VersionSent, s.NackError))
@@ -99,6 +108,9 @@ func WriteDetail(w io.Writer, r Row) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if diffs := r.differences(); len(diffs) > 0 {
+		fmt.Fprintf(w, "\nResources that differ:\n  %s\n", strings.Join(diffs, "\n  "))
 	}
 	return writeNacks(w, nacks)
 }

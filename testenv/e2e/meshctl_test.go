@@ -128,9 +128,10 @@ func TestMeshctlProxyStatusAndConfig(t *testing.T) {
 	t.Logf("proxy-status %s:\n%s", frontName, detail)
 	for _, typ := range []string{"CDS", "LDS", "EDS", "RDS"} {
 		r := tableRows(detail)[typ]
-		require.Len(t, r, 6, detail)
+		require.Len(t, r, 7, detail)
 		assert.Equal(t, []string{"SYNCED", "MATCHES ACKED"}, []string{r[1], r[4]}, typ)
 		assert.Equal(t, r[3], r[5], "%s: the version the proxy holds is the one acked", typ)
+		assert.Regexp(t, `^[1-9]\d* same$`, r[6], "%s: the proxy holds the resources discovery generates for it", typ)
 	}
 
 	// Shell completion offers the pods discovery knows.
@@ -249,7 +250,7 @@ spec:
 
 	detail := meshctl(t, ctx, bin, "proxy-status", addrs, frontName)
 	r := tableRows(detail)["LDS"]
-	require.Len(t, r, 6, detail)
+	require.Len(t, r, 7, detail)
 	assert.Equal(t, "STALE (NACK)", r[1])
 	assert.NotEqual(t, r[2], r[3], "the version sent is not the one acked")
 	assert.Equal(t, "MATCHES ACKED", r[4], "the proxy keeps the version it acked last")

@@ -123,6 +123,10 @@ func proxyStatusOf(cmd *cobra.Command, df *discoveryFlags, proxies []proxystatus
 			var d *proxyconfig.Dump
 			if d, err = proxyconfig.ParseDump(body); err == nil {
 				row.Compare(d.Versions())
+				var sent map[string][]string
+				if sent, err = proxystatus.DiscoveryNames(cmd.Context(), df.client(), p); err == nil {
+					row.CompareResources(sent, d.Names())
+				}
 			}
 		}
 	}
