@@ -135,6 +135,16 @@ func TestVersions(t *testing.T) {
 		assert.Regexp(t, `^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ/\d+$`, v[typ], typ)
 	}
 	assert.Equal(t, map[string]string{}, (&Dump{Raw: map[string]json.RawMessage{}}).Versions())
+
+	// Of named resources, the version of the one updated last: a push that changed one
+	// route configuration leaves the others at their older versions.
+	d, err := ParseDump([]byte(`{"configs": [{"@type": "type.googleapis.com/envoy.admin.v3.RoutesConfigDump",
+	  "dynamic_route_configs": [
+	    {"version_info": "v7", "last_updated": "2026-11-26T10:00:07Z", "route_config": {"@type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration", "name": "a"}},
+	    {"version_info": "v9", "last_updated": "2026-11-26T10:00:09Z", "route_config": {"@type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration", "name": "b"}},
+	    {"version_info": "v8", "last_updated": "2026-11-26T10:00:08Z", "route_config": {"@type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration", "name": "c"}}]}]}`))
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"rds": "v9"}, d.Versions())
 }
 
 // The names of the resources the proxy holds from xDS, what proxy-status compares with
