@@ -77,10 +77,15 @@ are merged) with the replica serving each, and per type (CDS, LDS, EDS, RDS, ECD
   STALE     sent and not yet acked, or rejected: "STALE (NACK)", the proxy's error below
   NOT SENT  discovery sent nothing of that type (or the proxy did not ask for it)
 
-With a pod, that proxy only, with the versions sent and acked per type, and the versions its
-own admin /config_dump holds compared with those acked. Its admin is found as for
-proxy-config (its pod localhost, port 15000; --admin overrides; on Kubernetes run
-"kubectl port-forward <pod> 15000" and pass --admin http://localhost:15000).`,
+On Kubernetes reach each discovery replica's port 15014 with a port-forward, e.g.
+"kubectl -n istio-system port-forward pod/<istiod pod> 15014" (and 15015:15014 for the next
+replica), then --discoveryAddress localhost:15014,localhost:15015.
+
+With a pod, that proxy only, with the versions sent and acked per type, whether its own
+admin /config_dump holds the versions acked, and whether it holds the resources discovery
+generates for it (RESOURCES, by name). Its admin is found as for proxy-config (its pod
+localhost, port 15000; --admin overrides; on Kubernetes run "kubectl port-forward <pod>
+15000" and pass --admin http://localhost:15000).`,
 		Example: `  meshctl proxy-status --discoveryAddress 127.0.0.1:15014
   meshctl proxy-status --discoveryAddress 10.0.0.5:15014,10.0.0.6:15014 -o yaml
   meshctl proxy-status productpage-v1-1.default`,
