@@ -29,9 +29,21 @@ type Endpoint struct {
 	Cluster       string `json:"cluster"`
 }
 
-// Endpoints are the hosts of the clusters named cluster ("": all), sorted by address, port,
-// cluster, as istioctl sorts them.
-func Endpoints(c *adminv3.Clusters, cluster string) []Endpoint {
+// EndpointFilter is istioctl's: --address, --port, --cluster, --status (HEALTHY, ...), each
+// narrowing when set.
+type EndpointFilter struct {
+	Address, Cluster, Status string
+	Port                     uint32
+}
+
+func (f EndpointFilter) keep(host string, port uint32, cluster, status string) bool {
+	return (f.Address == "" || strings.EqualFold(host, f.Address)) && (f.Port == 0 || port == f.Port) &&
+		(f.Cluster == "" || strings.EqualFold(cluster, f.Cluster)) && (f.Status == "" || strings.EqualFold(status, f.Status))
+}
+
+// Endpoints are the hosts of the clusters that pass f, sorted by address, port, cluster,
+// as istioctl sorts them.
+func Endpoints(c *adminv3.Clusters, f EndpointFilter) []Endpoint {
 	type sortable struct {
 		Endpoint
 		host string
@@ -39,9 +51,6 @@ func Endpoints(c *adminv3.Clusters, cluster string) []Endpoint {
 	}
 	var eps []sortable
 	for _, cs := range c.GetClusterStatuses() {
-		if cluster != "" && !strings.EqualFold(cs.GetName(), cluster) {
-			continue
-		}
 		for _, h := range cs.GetHostStatuses() {
 			e := sortable{Endpoint: Endpoint{Cluster: cs.GetName(), Status: h.GetHealthStatus().GetEdsHealthStatus().String(),
 				FailedOutlier: h.GetHealthStatus().GetFailedOutlierCheck()}}
@@ -58,7 +67,9 @@ func Endpoints(c *adminv3.Clusters, cluster string) []Endpoint {
 			default:
 				e.host, e.Address = "unknown", "unknown"
 			}
-			eps = append(eps, e)
+			if f.keep(e.host, e.port, e.Cluster, e.Status) {
+				eps = append(eps, e)
+			}
 		}
 	}
 	sort.SliceStable(eps, func(i, j int) bool {

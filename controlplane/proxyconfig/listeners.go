@@ -19,10 +19,26 @@ const (
 	tcpFilter = "envoy.filters.network.tcp_proxy"
 )
 
-// Listeners are the dump's active listeners (dynamic, then static) on port (0: any), sorted
-// as istioctl sorts them: by port, address, type.
-func (d *Dump) Listeners(port uint32) ([]*listenerv3.Listener, error) {
-	out, err := typed(d, "listeners", "listener", func(l *listenerv3.Listener) bool { return port == 0 || listenerPort(l) == port })
+// ListenerFilter is istioctl's: --address, --port, --type (HTTP, TCP, HTTP+TCP), each
+// narrowing when set.
+type ListenerFilter struct {
+	Address string
+	Port    uint32
+	Type    string
+}
+
+// Keep says whether the listener passes the filter.
+func (f ListenerFilter) Keep(l *listenerv3.Listener) bool {
+	if f.Address != "" && !slices.ContainsFunc(strings.Split(listenerAddresses(l), ","), func(a string) bool { return strings.EqualFold(a, f.Address) }) {
+		return false
+	}
+	return (f.Port == 0 || listenerPort(l) == f.Port) && (f.Type == "" || strings.EqualFold(listenerType(l), f.Type))
+}
+
+// Listeners are the dump's active listeners (dynamic, then static) that pass f, sorted as
+// istioctl sorts them: by port, address, type.
+func (d *Dump) Listeners(f ListenerFilter) ([]*listenerv3.Listener, error) {
+	out, err := typed(d, "listeners", "listener", f.Keep)
 	if err != nil {
 		return nil, err
 	}

@@ -61,7 +61,7 @@ func TestClusterTable(t *testing.T) {
 
 func TestListenerAndRouteTables(t *testing.T) {
 	d := captured(t)
-	ls, err := d.Listeners(0)
+	ls, err := d.Listeners(ListenerFilter{})
 	require.NoError(t, err)
 	var b bytes.Buffer
 	require.NoError(t, WriteListeners(&b, ls))
@@ -72,9 +72,19 @@ func TestListenerAndRouteTables(t *testing.T) {
 	assert.True(t, row(out, "127.72.0.3", "15090", "ALL", "Inline Route: /stats/prometheus*"), out)
 	// By port: the inbound 8080 listener's chains before the outbound 9080.
 	assert.Less(t, strings.Index(out, " 8080 "), strings.Index(out, " 9080 "))
-	only, err := d.Listeners(9080)
+	only, err := d.Listeners(ListenerFilter{Port: 9080})
 	require.NoError(t, err)
 	require.Len(t, only, 1)
+	only, err = d.Listeners(ListenerFilter{Address: "127.72.0.3", Type: "http"})
+	require.NoError(t, err)
+	var names []string
+	for _, l := range only {
+		names = append(names, l.GetName())
+	}
+	assert.Equal(t, []string{"127.72.0.3_8080", "readiness", "prometheus"}, names, "by port; the static 15021 and 15090 are HTTP too")
+	only, err = d.Listeners(ListenerFilter{Address: "127.72.0.3", Type: "TCP"})
+	require.NoError(t, err)
+	assert.Empty(t, only)
 
 	rs, err := d.Routes("")
 	require.NoError(t, err)
@@ -100,13 +110,17 @@ func TestEndpointTable(t *testing.T) {
 	c, err := ParseClusters(b)
 	require.NoError(t, err)
 	var out bytes.Buffer
-	require.NoError(t, WriteEndpoints(&out, Endpoints(c, "")))
+	require.NoError(t, WriteEndpoints(&out, Endpoints(c, EndpointFilter{})))
 	assert.True(t, row(out.String(), "ENDPOINT", "STATUS", "OUTLIER CHECK", "CLUSTER"), out.String())
 	assert.True(t, row(out.String(), "127.72.0.4:8080", "HEALTHY", "OK", "outbound|9080|v1|reviews.default.svc.cluster.local"), out.String())
 	assert.True(t, row(out.String(), "127.72.0.2:8080", "HEALTHY", "OK", "outbound|9080|v2|reviews.default.svc.cluster.local"), out.String())
-	only := Endpoints(c, "outbound|9080|v2|reviews.default.svc.cluster.local")
+	only := Endpoints(c, EndpointFilter{Cluster: "outbound|9080|v2|reviews.default.svc.cluster.local"})
 	require.Len(t, only, 1)
 	assert.Equal(t, "127.72.0.2:8080", only[0].Address)
+	only = Endpoints(c, EndpointFilter{Address: "127.72.0.4", Port: 8080, Status: "healthy"})
+	require.Len(t, only, 2)
+	assert.Equal(t, "outbound|9080|v1|reviews.default.svc.cluster.local", only[0].Cluster)
+	assert.Empty(t, Endpoints(c, EndpointFilter{Address: "127.72.0.4", Status: "UNHEALTHY"}))
 }
 
 func TestSecretTable(t *testing.T) {
@@ -170,7 +184,7 @@ func TestUnknownExtensionsAndFields(t *testing.T) {
 	s = strings.Replace(s, `"name": "inbound|8080||",`, `"name": "inbound|8080||", "a_field_of_envoy_2030": {"x": 1},`, 1)
 	d, err := ParseDump([]byte(s))
 	require.NoError(t, err)
-	ls, err := d.Listeners(9080)
+	ls, err := d.Listeners(ListenerFilter{Port: 9080})
 	require.NoError(t, err)
 	require.Len(t, ls, 1)
 	assert.Equal(t, "Route: 9080", destination(ls[0].GetFilterChains()[0].GetFilters()))

@@ -41,13 +41,13 @@ func (s *Source) Clusters(w io.Writer, format string, f ClusterFilter) error {
 	return WriteClusters(w, cs)
 }
 
-// Listeners prints the listeners on port (0: all).
-func (s *Source) Listeners(w io.Writer, format string, port uint32) error {
+// Listeners prints the listeners that pass f.
+func (s *Source) Listeners(w io.Writer, format string, f ListenerFilter) error {
 	d, err := s.dump()
 	if err != nil {
 		return err
 	}
-	ls, err := d.Listeners(port)
+	ls, err := d.Listeners(f)
 	if err != nil {
 		return err
 	}
@@ -77,8 +77,8 @@ func (s *Source) Routes(w io.Writer, format, name string) error {
 	return WriteRoutes(w, rs)
 }
 
-// Endpoints prints the hosts of /clusters, of cluster ("": all).
-func (s *Source) Endpoints(w io.Writer, format, cluster string) error {
+// Endpoints prints the hosts of /clusters that pass f.
+func (s *Source) Endpoints(w io.Writer, format string, f EndpointFilter) error {
 	body, err := s.Get("/clusters?format=json")
 	if err != nil {
 		return err
@@ -94,15 +94,19 @@ func (s *Source) Endpoints(w io.Writer, format, cluster string) error {
 		if err := json.Unmarshal(body, &top); err != nil {
 			return err
 		}
+		keep := map[string]bool{}
+		for _, e := range Endpoints(c, f) {
+			keep[e.Cluster] = true
+		}
 		out := []json.RawMessage{}
 		for i, cs := range c.GetClusterStatuses() {
-			if i < len(top.Statuses) && (cluster == "" || cs.GetName() == cluster) && len(cs.GetHostStatuses()) > 0 {
+			if i < len(top.Statuses) && keep[cs.GetName()] {
 				out = append(out, top.Statuses[i])
 			}
 		}
 		return WriteRaw(w, format, out)
 	}
-	return WriteEndpoints(w, Endpoints(c, cluster))
+	return WriteEndpoints(w, Endpoints(c, f))
 }
 
 // Secrets prints the SDS secrets; now decides whether a certificate is valid.

@@ -69,24 +69,29 @@ no pod is needed. On Kubernetes the admin listens on the pod's 127.0.0.1 only: r
 	clusters.Flags().IntVar(&cf.Port, "port", 0, "only clusters of this port")
 	clusters.Flags().StringVar(&cf.Subset, "subset", "", "only clusters of this subset")
 	clusters.Flags().StringVar(&cf.Direction, "direction", "", "only inbound or outbound clusters")
-	var lport uint32
+	var lf proxyconfig.ListenerFilter
 	listeners := table("listeners", []string{"listener", "l"}, "The proxy's listeners: ADDRESSES, PORT, MATCH, DESTINATION",
 		func(cmd *cobra.Command, src *proxyconfig.Source, out string) error {
-			return src.Listeners(cmd.OutOrStdout(), out, lport)
+			return src.Listeners(cmd.OutOrStdout(), out, lf)
 		})
-	listeners.Flags().Uint32Var(&lport, "port", 0, "only listeners on this port")
+	listeners.Flags().StringVar(&lf.Address, "address", "", "only listeners on this address")
+	listeners.Flags().Uint32Var(&lf.Port, "port", 0, "only listeners on this port")
+	listeners.Flags().StringVar(&lf.Type, "type", "", "only listeners of this type: HTTP, TCP or HTTP+TCP")
 	var rname string
 	routes := table("routes", []string{"route", "r"}, "The proxy's routes: NAME, VHOST NAME, DOMAINS, MATCH, VIRTUAL SERVICE",
 		func(cmd *cobra.Command, src *proxyconfig.Source, out string) error {
 			return src.Routes(cmd.OutOrStdout(), out, rname)
 		})
 	routes.Flags().StringVar(&rname, "name", "", "only the route configuration of this name")
-	var ecluster string
+	var ef proxyconfig.EndpointFilter
 	endpoints := table("endpoints", []string{"endpoint", "ep"}, "The proxy's endpoints (/clusters): ENDPOINT, STATUS, OUTLIER CHECK, CLUSTER",
 		func(cmd *cobra.Command, src *proxyconfig.Source, out string) error {
-			return src.Endpoints(cmd.OutOrStdout(), out, ecluster)
+			return src.Endpoints(cmd.OutOrStdout(), out, ef)
 		})
-	endpoints.Flags().StringVar(&ecluster, "cluster", "", "only the endpoints of this cluster")
+	endpoints.Flags().StringVar(&ef.Address, "address", "", "only endpoints of this address")
+	endpoints.Flags().Uint32Var(&ef.Port, "port", 0, "only endpoints of this port")
+	endpoints.Flags().StringVar(&ef.Cluster, "cluster", "", "only the endpoints of this cluster")
+	endpoints.Flags().StringVar(&ef.Status, "status", "", "only endpoints of this health status: HEALTHY, UNHEALTHY, DRAINING, ...")
 	secrets := table("secrets", []string{"secret", "s"}, "The proxy's SDS secrets: RESOURCE NAME, TYPE, STATUS, VALID CERT, SERIAL NUMBER, NOT AFTER, NOT BEFORE",
 		func(cmd *cobra.Command, src *proxyconfig.Source, out string) error {
 			return src.Secrets(cmd.OutOrStdout(), out, time.Now())
