@@ -79,7 +79,7 @@ spec:
 // that change the mesh through the paths discovery wires: config files read by the
 // directory source (a full push) and workloads in the registry (an endpoints-only push).
 type testMesh struct {
-	t       *testing.T
+	t       testing.TB
 	srv     *server.Server
 	pusher  *pusher.Pusher
 	metrics *metrics.Metrics
@@ -124,7 +124,7 @@ func (w *warnings) count(s string) int {
 // newMesh is the one place that knows how a server is built (as discovery.New assembles
 // it): when the construction API changes, only this function does. tune, if given, changes
 // the server's options.
-func newMesh(t *testing.T, tune ...func(*server.Options)) *testMesh {
+func newMesh(t testing.TB, tune ...func(*server.Options)) *testMesh {
 	t.Helper()
 	var logOut io.Writer = io.Discard
 	if os.Getenv("WASMESH_TEST_LOG") != "" {

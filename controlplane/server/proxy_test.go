@@ -35,7 +35,7 @@ type response struct {
 // makes them: a SotW request restates the whole subscription and the version last
 // accepted; a delta request names what it adds and drops.
 type proxy struct {
-	t        *testing.T
+	t        testing.TB
 	n        int
 	id       string
 	delta    bool
@@ -236,7 +236,7 @@ func edsClusters(r response) []string {
 }
 
 // routeNames are the route configurations an LDS response's connection managers load by RDS.
-func routeNames(t *testing.T, r response) []string {
+func routeNames(t testing.TB, r response) []string {
 	var out []string
 	for _, name := range r.names {
 		l := r.msgs[name].(*listener.Listener)

@@ -35,7 +35,7 @@ func proxyID(n int) string {
 
 // node is the n-th test proxy as Envoy identifies itself: outbound listeners on its own
 // loopback address (INTERCEPTION_MODE NONE) so their names say whose they are.
-func node(t *testing.T, n int) *core.Node {
+func node(t testing.TB, n int) *core.Node {
 	md, err := structpb.NewStruct(map[string]any{
 		"NAMESPACE": "demo", "INTERCEPTION_MODE": "NONE", "WASMESH_LOCALHOST": fmt.Sprintf("127.20.1.%d", n),
 	})
@@ -49,7 +49,7 @@ func listenerName(n, port int) string { return fmt.Sprintf("127.20.1.%d_%d", n, 
 // stream is one raw ADS stream (SotW or Delta) whose responses are read into a channel, so
 // a test can wait for the next one with a deadline.
 type stream[Req, Resp any] struct {
-	t     *testing.T
+	t     testing.TB
 	send  func(Req) error
 	resps chan Resp
 	ended chan struct{}
@@ -57,7 +57,7 @@ type stream[Req, Resp any] struct {
 }
 
 // newStream reads the responses of a stream opened with ctx until it ends.
-func newStream[Req, Resp any](ctx context.Context, t *testing.T, send func(Req) error, recv func() (Resp, error)) *stream[Req, Resp] {
+func newStream[Req, Resp any](ctx context.Context, t testing.TB, send func(Req) error, recv func() (Resp, error)) *stream[Req, Resp] {
 	s := &stream[Req, Resp]{t: t, send: send, resps: make(chan Resp, 64), ended: make(chan struct{})}
 	go func() {
 		defer close(s.ended)
@@ -121,7 +121,7 @@ func nack(msg string) *statuspb.Status { return &statuspb.Status{Code: 3, Messag
 
 // validated decodes one resource as its type URL says and checks it with ValidateAll; it
 // returns the resource's name and the resource.
-func validated(t *testing.T, typ string, a *anypb.Any) (string, proto.Message) {
+func validated(t testing.TB, typ string, a *anypb.Any) (string, proto.Message) {
 	t.Helper()
 	require.Equal(t, typ, a.GetTypeUrl(), "resource type in a %s response", typ)
 	msg, err := a.UnmarshalNew()
