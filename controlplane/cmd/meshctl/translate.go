@@ -44,20 +44,24 @@ type translateFlags struct {
 func translateCommand() *cobra.Command {
 	var fl translateFlags
 	cmd := &cobra.Command{
-		Use:   "translate CONFIG_DIR --proxy NODE_ID|POD_YAML",
+		Use:   "translate CONFIG_DIR --proxy NODE_ID|BOOTSTRAP_JSON|POD_YAML",
 		Short: "Print, offline, the xDS discovery would send a proxy for a config directory",
 		Long: `translate runs discovery's own pipeline on a config directory (and mesh config), with no
 server and no cluster, and prints what discovery would send one proxy: its clusters (cds),
 the endpoints of those using EDS (eds), its listeners (lds), the route configurations they
 name (rds) and the extension configs (ecds), each list sorted by name, so two configs' effect
-on a proxy can be diffed in CI. The proxy is a node id (sidecar~IP~POD.NAMESPACE~NAMESPACE.svc.cluster.local)
-or a Pod's YAML (with status.podIP): the sidecar injector's template and the pod give the
+on a proxy can be diffed in CI. The proxy is a node id (sidecar~IP~POD.NAMESPACE~NAMESPACE.svc.cluster.local),
+a running proxy's bootstrap (its JSON, as "meshctl proxy-config bootstrap POD -o json"
+prints it: the node with all its metadata, exactly what the proxy sends discovery), or a
+Pod's YAML (with status.podIP): the sidecar injector's template and the pod give the
 node's labels, namespace, service account, IP, ports and annotations as the agent would.
 The proxy is registered as a workload as when it connects; --workload adds the sidecars
-of other pods (a file of Pod YAML, repeatable) as connected, so they are endpoints too.
+of other pods (a file of Pod YAML, or a proxy's bootstrap JSON; repeatable) as connected,
+so they are endpoints too (and their service accounts the clusters' SANs).
 WasmPlugin modules are fetched as discovery fetches them (into --wasmCacheDir).`,
 		Example: `  meshctl x translate configs/ --proxy pod.yaml --type lds
   meshctl x translate configs/ --proxy sidecar~10.0.0.5~web-1.shop~shop.svc.cluster.local -o yaml
+  meshctl proxy-config bootstrap web-1 -o json > web-1.json && meshctl x translate configs/ --proxy web-1.json
   meshctl x translate configs/ --proxy frontend-pod.yaml --workload backend-pods.yaml --type eds`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -65,8 +69,8 @@ WasmPlugin modules are fetched as discovery fetches them (into --wasmCacheDir).`
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&fl.proxy, "proxy", "", "the proxy: its node id, or a file with its Pod's YAML")
-	f.StringArrayVar(&fl.workloads, "workload", nil, "a file of Pod YAML whose sidecars are connected too (repeatable)")
+	f.StringVar(&fl.proxy, "proxy", "", "the proxy: its node id, or a file with its bootstrap's JSON or its Pod's YAML")
+	f.StringArrayVar(&fl.workloads, "workload", nil, "a file of Pod YAML whose sidecars are connected too, or another proxy's bootstrap JSON (repeatable)")
 	f.StringVar(&fl.meshConfig, "meshConfig", "", "mesh config YAML (default: wasmesh's defaults)")
 	f.StringVar(&fl.typ, "type", "all", "what to print: cds, eds, lds, rds, ecds or all")
 	f.StringVarP(&fl.output, "output", "o", "json", "output format: json or yaml")
@@ -133,14 +137,18 @@ func meshConfig(file string) (*meshconfig.MeshConfig, error) {
 	return mesh.Parse(file, data)
 }
 
-// proxyNode reads --proxy: a Pod's YAML when it names a file, else a node id.
+// proxyNode reads --proxy: a file (an Envoy bootstrap's JSON, as `proxy-config bootstrap
+// -o json` prints it, or a Pod's YAML), else a node id.
 func proxyNode(proxy string, m *meshconfig.MeshConfig) (*core.Node, error) {
 	data, err := os.ReadFile(proxy)
 	if err != nil {
 		if strings.Count(proxy, "~") == 3 {
 			return &core.Node{Id: proxy}, nil
 		}
-		return nil, fmt.Errorf("--proxy %q: neither a node id (type~ip~pod.namespace~domain) nor a readable Pod file: %w", proxy, err)
+		return nil, fmt.Errorf("--proxy %q: neither a node id (type~ip~pod.namespace~domain) nor a readable file: %w", proxy, err)
+	}
+	if node, ok, err := bootstrapNode(proxy, data); ok {
+		return node, err
 	}
 	pod, err := podnode.ParsePod(proxy, data)
 	if err != nil {
@@ -149,13 +157,52 @@ func proxyNode(proxy string, m *meshconfig.MeshConfig) (*core.Node, error) {
 	return podnode.Node(inject.DefaultConfig(), m, pod)
 }
 
-// workloadNodes reads --workload files: the nodes of their pods' sidecars.
+// bootstrapNode reads the node of an Envoy bootstrap in JSON: the bootstrap itself
+// ({"node": ...}) or an admin config_dump's bootstrap section ({"bootstrap": {"node":
+// ...}}, what `proxy-config bootstrap -o json` prints). ok is false when data is not such
+// JSON (a Pod's YAML, then).
+func bootstrapNode(file string, data []byte) (*core.Node, bool, error) {
+	var doc struct {
+		Node      json.RawMessage `json:"node"`
+		Bootstrap struct {
+			Node json.RawMessage `json:"node"`
+		} `json:"bootstrap"`
+	}
+	if json.Unmarshal(data, &doc) != nil {
+		return nil, false, nil
+	}
+	raw := doc.Node
+	if raw == nil {
+		raw = doc.Bootstrap.Node
+	}
+	if raw == nil {
+		return nil, false, nil
+	}
+	node := &core.Node{}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, node); err != nil {
+		return nil, true, fmt.Errorf("--proxy %s: the bootstrap's node: %w", file, err)
+	}
+	if node.GetId() == "" {
+		return nil, true, fmt.Errorf("--proxy %s: the bootstrap's node has no id", file)
+	}
+	return node, true, nil
+}
+
+// workloadNodes reads --workload files: the nodes of their pods' sidecars, or the node of
+// a proxy's bootstrap.
 func workloadNodes(files []string, m *meshconfig.MeshConfig) ([]*core.Node, error) {
 	var out []*core.Node
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("--workload: %w", err)
+		}
+		if node, ok, err := bootstrapNode(f, data); ok {
+			if err != nil {
+				return nil, fmt.Errorf("--workload: %w", err)
+			}
+			out = append(out, node)
+			continue
 		}
 		pods, err := podnode.ParsePods(f, data)
 		if err != nil {
