@@ -185,21 +185,21 @@ func (p *pluginContext) attr(i int) (string, bool) {
 // readAttr reads an attribute and returns its value, interned:
 // the values that pick buckets repeat from request to request.
 func (p *pluginContext) readAttr(a *attribute) (string, bool) {
-	s := &p.scratch
 	var b []byte
-	var err error
 	if a.path != nil {
-		b, err = proxywasm.GetProperty(a.path)
-		if err != nil || len(b) == 0 { // e.g. no peer certificate: no principal
+		v, err := proxywasm.GetProperty(a.path)
+		if err != nil || len(v) == 0 { // e.g. no peer certificate: no principal
 			return "", false
 		}
+		b = v
 	} else {
 		v, err := proxywasm.GetHttpRequestHeader(a.header)
 		if err != nil {
 			return "", false
 		}
-		b = append(s.value[:0], v...)
-		s.value = b[:0]
+		// Into the scratch buffer: the value is matched and interned as bytes.
+		b = append(p.scratch.value[:0], v...)
+		p.scratch.value = b[:0]
 	}
 	switch a.source {
 	case sourcePathPrefix:
