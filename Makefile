@@ -36,7 +36,7 @@ export WASMESH_BIN_DIR := $(BIN)
 export WASMESH_WASM_DIR := $(WASM_OUT)
 export WASMESH_AS_FIXTURE := $(AS_FIXTURE)
 
-.PHONY: all build deps tools wasm fixtures kube-bin vet test test-unit test-race mutate bench run run-k8s manifests clean
+.PHONY: all build deps tools wasm fixtures kube-bin vet test test-unit test-race fuzz mutate bench run run-k8s manifests clean
 
 all: build
 
@@ -117,6 +117,24 @@ test-race: build fixtures
 	@echo "go test testenv ./proxy/e2e/... (race-built meshproxy)"
 	@cd testenv && WASMESH_BIN_DIR=$(RACE_BIN) GORACE=halt_on_error=1 WASMESH_REQUIRE_FIXTURES=1 \
 		$(GO) test -count=1 -timeout 20m ./proxy/e2e/...
+
+# Fuzzing: every Go fuzz target of the workspace (func FuzzXxx(f *testing.F) in a _test.go
+# file, found by grep, so a new one is picked up), one after another, each for FUZZTIME (Go's
+# -fuzztime: a duration, or Nx for N inputs) with two workers. A crash is written to the
+# target's testdata/fuzz/FuzzXxx/ (commit it: it is then a regression test of plain go test);
+# the targets that failed are listed at the end. `make test` runs the checked-in corpora.
+FUZZTIME ?= 30s
+fuzz:
+	@failed=""; start=$$(date +%s); \
+	for f in $$(grep -rl --include='*_test.go' -E '^func Fuzz\w*\(f \*testing\.F\)' $(MODULES) | grep -v /testdata/ | sort); do \
+		m=$${f%%/*}; d=$$(dirname $${f#*/}); \
+		for t in $$(grep -oE '^func Fuzz\w*\(f \*testing\.F\)' $$f | sed -E 's/^func (Fuzz\w*).*/\1/'); do \
+			echo "fuzz $$m/$$d $$t for $(FUZZTIME)"; \
+			(cd $$m && $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -parallel 2 ./$$d) || failed="$$failed $$m/$$d:$$t"; \
+		done; \
+	done; \
+	echo "fuzz: $$(( $$(date +%s) - start ))s in all"; \
+	if [ -n "$$failed" ]; then echo "fuzz targets that failed:$$failed"; exit 1; fi
 
 # Mutation testing (gremlins) of the core packages: each mutant is run against the package's
 # own tests; the table of killed and lived mutants is printed per package. Not run in CI.
