@@ -42,9 +42,12 @@ func decodeFuzzInput(t *testing.T, flags uint8, typeIdx uint8, typ, names string
 	if names != "" {
 		in.names = strings.Split(names, ",")
 	}
-	// A huge subscription: the names again, up to 20000 of them in all.
-	for i := 0; len(in.names) > 0 && i < int(fan%64) && len(in.names) < 20000; i++ {
-		in.names = append(in.names, in.names[i%len(in.names)]+"-"+strings.Repeat("x", i))
+	// Many names: fan more (the names again, suffixed), up to 20000 names and 5 MiB in all
+	// (past gRPC's 4 MiB message limit, which the server must survive too).
+	size := len(names)
+	for i := 0; len(in.names) > 0 && i < int(fan) && len(in.names) < 20000 && size < 5<<20; i++ {
+		n := in.names[i%len(in.names)] + "-" + strings.Repeat("x", i%64)
+		in.names, size = append(in.names, n), size+len(n)
 	}
 	in.node = node(t, 3)
 	var md map[string]any
@@ -141,6 +144,7 @@ func FuzzADSRequest(f *testing.F) {
 	f.Add(uint8(0x0f), uint8(7), "", "thing-1", uint16(5), "", "", []byte(`[1,2]`))
 	f.Add(uint8(0x10), uint8(200), "type.googleapis.com/google.protobuf.Empty", "a", uint16(0), "", "", []byte("not~istio"))
 	f.Add(uint8(0x21), uint8(3), "", "80,9080", uint16(1), "", "", []byte(`{"ISTIO_VERSION":{"nested":[true,{"x":1.5}]}}`))
+	f.Add(uint8(0), uint8(1), "", strings.Repeat("n", 100000), uint16(19999), "", "", []byte(`{}`)) // a huge name, and 20000
 	f.Fuzz(func(t *testing.T, flags, typeIdx uint8, typ, names string, fan uint16, version, nonce string, meta []byte) {
 		// A hang is a failure: the whole input (its stream, the health check, the cleanup)
 		// must be over well before the fuzzer's own deadline, or the stacks say where it hangs.
