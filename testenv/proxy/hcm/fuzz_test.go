@@ -78,9 +78,9 @@ func exchange(t *testing.T, addr string, raw []byte) []byte {
 // loopback: it never panics, whatever it answers is a well-formed HTTP/1 response (a 400 for
 // what does not parse), and afterwards a plain GET still gets 200.
 func FuzzHTTP1Request(f *testing.F) {
-	logs := &lockedBuffer{}
+	logs, was := &lockedBuffer{}, log.Writer()
 	log.SetOutput(logs) // net/http reports a recovered handler panic through the std logger
-	f.Cleanup(func() { log.SetOutput(io.Discard) })
+	f.Cleanup(func() { log.SetOutput(was) })
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Cleanup(cancel)
 	s, err := server.New(ctx, server.Options{ConfigYAML: fuzzBootstrap, Concurrency: 1, Stdout: io.Discard, Stderr: logs})
