@@ -53,14 +53,26 @@ func TestTrappingFilter(t *testing.T) {
 	}
 
 	require.NoError(t, m.WriteConfig("trap.yaml", trapPlugin(wasm, "FAIL_CLOSE")))
-	eventually(t, "the filter is in place", func() bool { return send(true) == http.StatusServiceUnavailable })
+	// In place on every reviews pod (each gets the filter by its own ECDS push): a run of
+	// trapping requests, spread over the pods by the load balancer, all fail closed.
+	inPlace := func(status int) func() bool {
+		return func() bool {
+			for i := 0; i < 12; i++ {
+				if send(true) != status {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	eventually(t, "the filter is in place", inPlace(http.StatusServiceUnavailable))
 	for i := 0; i < 20; i++ {
 		assert.Equal(t, http.StatusServiceUnavailable, send(true), "a trapping request fails closed")
 		assert.Equal(t, http.StatusOK, send(false), "the next request is served")
 	}
 
 	require.NoError(t, m.WriteConfig("trap.yaml", trapPlugin(wasm, "FAIL_OPEN")))
-	eventually(t, "fail open applies", func() bool { return send(true) == http.StatusOK })
+	eventually(t, "fail open applies", inPlace(http.StatusOK))
 	for i := 0; i < 20; i++ {
 		assert.Equal(t, http.StatusOK, send(true), "a trapping request passes, fail open")
 		assert.Equal(t, http.StatusOK, send(false))
