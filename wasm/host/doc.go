@@ -21,7 +21,42 @@
 // modules the check cannot be added to, and interpreter mode, use wazero's slower
 // close-on-context-done.
 //
-// The embedder plugs in through Environment (clock, logger, HTTP call dispatcher,
+// # gRPC calls
+//
+// proxy_grpc_call makes a unary call through Environment.GRPCCalls. The service argument is
+// a serialized envoy.config.core.v3.GrpcService (envoy_grpc.cluster_name and authority and
+// initial_metadata are used; google_grpc is refused with BadArgument) or, when it does not
+// parse as one or names no cluster, a plain cluster name, as in Envoy. The message is passed
+// without gRPC framing; the dispatcher frames it. Call ids are odd (Envoy's stream ids are
+// even) and separate from HTTP call tokens. An unknown cluster is BadArgument (Envoy answers
+// ParseFailure for an unknown plain name; the quota filter only checks for Ok).
+//
+// The answer is delivered to the root context (context_id is the root context id, as
+// proxy-wasm-cpp-host's exports.cc makes the root context own every call, like
+// proxy_http_call); the guest makes its stream effective with proxy_set_effective_context
+// before continuing or answering it. A call that succeeded (grpc-status 0) gets, in order,
+// proxy_on_grpc_receive_initial_metadata(root, id, pairs), proxy_on_grpc_receive(root, id,
+// message_size), proxy_on_grpc_receive_trailing_metadata(root, id, pairs) and
+// proxy_on_grpc_close(root, id, 0); a failed one gets the metadata callbacks only for
+// metadata that came, then proxy_on_grpc_close(root, id, code). Callbacks the guest does
+// not export are skipped. This is the order the mesh's contract fixes; Envoy itself, for a
+// unary call, delivers proxy_on_grpc_receive alone on success and proxy_on_grpc_close alone
+// on failure, so a guest meant for both must take the answer in proxy_on_grpc_receive and
+// treat proxy_on_grpc_close(…, 0) after it as a no-op.
+//
+// During these callbacks the metadata maps (GrpcReceiveInitialMetadata 4,
+// GrpcReceiveTrailingMetadata 5) are readable (not writable), the message is the
+// GrpcReceiveBuffer (5) during proxy_on_grpc_receive only (as in Envoy), and
+// proxy_get_status returns the grpc-status and grpc-message. The host times a call out
+// with its Clock: DEADLINE_EXCEEDED (4), message "timeout". A dispatcher that fails
+// without an answer (no healthy host, connect failure) gives UNAVAILABLE (14) with its
+// error's text. proxy_grpc_cancel and proxy_grpc_close (the same for a unary call, as in
+// Envoy) end a pending call: no callback follows, the dispatcher's context is cancelled
+// with ErrGRPCCallCancelled; an unknown id is NotFound. Closing the plugin or losing the
+// VM cancels pending calls (cause ErrClosed) without callbacks. Streaming calls
+// (proxy_grpc_stream, proxy_grpc_send) return Unimplemented.
+//
+// The embedder plugs in through Environment (clock, logger, HTTP and gRPC call dispatchers,
 // process-level properties such as node.*, foreign functions) and through the per-stream
 // StreamInfo and Headers it passes to the stream callbacks.
 package host

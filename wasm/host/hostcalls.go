@@ -90,11 +90,11 @@ func (r *Runtime) instantiateEnv(ctx context.Context, wz wazero.Runtime) error {
 	def("proxy_done", (*vmCall).proxyDone)
 	def("proxy_call_foreign_function", (*vmCall).proxyCallForeignFunction, n(6)...)
 	unimplemented := func(*vmCall, context.Context, []uint64) Status { return StatusUnimplemented }
-	def("proxy_grpc_call", unimplemented, n(12)...)
+	def("proxy_grpc_call", (*vmCall).proxyGRPCCall, n(12)...)
 	def("proxy_grpc_stream", unimplemented, n(9)...)
 	def("proxy_grpc_send", unimplemented, n(4)...)
-	def("proxy_grpc_cancel", unimplemented, n(1)...)
-	def("proxy_grpc_close", unimplemented, n(1)...)
+	def("proxy_grpc_cancel", (*vmCall).proxyGRPCCancel, n(1)...)
+	def("proxy_grpc_close", (*vmCall).proxyGRPCCancel, n(1)...)
 	// Emscripten-built C++ modules import this helper; Envoy provides it too.
 	b.NewFunctionBuilder().WithGoFunction(api.GoFunc(func(ctx context.Context, stack []uint64) {
 		stack[0] = b2u(uint32(stack[0]) == uint32(stack[1]))
@@ -270,7 +270,10 @@ func (vc *vmCall) buffer(bt BufferType) (data []byte, set func([]byte), st Statu
 		}
 		return vc.foreignArgs, nil, StatusOK
 	case BufferGRPCReceive:
-		return nil, nil, StatusNotFound
+		if !vc.grpcReceive {
+			return nil, nil, StatusNotFound
+		}
+		return vc.grpcResp.Message, nil, StatusOK
 	}
 	return nil, nil, StatusBadArgument
 }
@@ -374,7 +377,13 @@ func (vc *vmCall) headerMap(mt MapType, write bool) (*Headers, Status) {
 		}
 		return NewHeaders(vc.httpResp.Trailers...), StatusOK
 	case MapGRPCReceiveInitialMetadata, MapGRPCReceiveTrailingMetadata:
-		return nil, StatusBadArgument
+		if write || vc.grpcResp == nil {
+			return nil, StatusBadArgument
+		}
+		if mt == MapGRPCReceiveInitialMetadata {
+			return NewHeaders(vc.grpcResp.InitialMetadata...), StatusOK
+		}
+		return NewHeaders(vc.grpcResp.TrailingMetadata...), StatusOK
 	}
 	gc := vc.vm.contexts[vc.effective]
 	if gc == nil || gc.http == nil {
@@ -700,11 +709,14 @@ func (v *vm) deliverHTTPCall(token uint32, pc *pendingCall, resp *HTTPCallRespon
 }
 
 // proxyGetStatus reports the HTTP call being delivered: its :status, or Envoy's
-// BrokenConnection code with a reason when it failed.
+// BrokenConnection code with a reason when it failed; or the gRPC call being delivered:
+// its grpc-status and grpc-message.
 func (vc *vmCall) proxyGetStatus(ctx context.Context, s []uint64) Status {
 	var code uint32
 	var msg string
-	if vc.httpCallActive {
+	if vc.grpcResp != nil {
+		code, msg = vc.grpcStatus()
+	} else if vc.httpCallActive {
 		if vc.httpResp == nil {
 			code = uint32(StatusBrokenConnection)
 			msg = "reset"

@@ -55,13 +55,15 @@ type PluginConfig struct {
 
 // Environment is what the embedding proxy provides to its plugins. Every field is optional.
 type Environment struct {
-	// Clock drives time, ticks and HTTP call timeouts; nil means SystemClock.
+	// Clock drives time, ticks and HTTP and gRPC call timeouts; nil means SystemClock.
 	Clock Clock
 	// Logger receives guest logs (proxy_log, stdout/stderr) and host events; nil means the
 	// Runtime's logger. proxy_get_log_level reports the lowest level it has enabled.
 	Logger *slog.Logger
 	// HTTPCalls carries proxy_http_call; nil makes the call return Unimplemented.
 	HTTPCalls HTTPCallDispatcher
+	// GRPCCalls carries proxy_grpc_call; nil makes the call return Unimplemented.
+	GRPCCalls GRPCCallDispatcher
 	// Properties are process-level attributes: "node" (see Node), "xds", "listener_direction"
 	// and anything else a guest may ask for by its first path segment.
 	Properties map[string]any
@@ -298,7 +300,8 @@ func (p *Plugin) CallForeignFunction(ctx context.Context, functionID uint32, arg
 
 // Close shuts the plugin down as Envoy does: proxy_on_done on every root context, waiting
 // (until ctx is done) for roots that return false to call proxy_done, then
-// proxy_on_delete. Timers stop and outstanding HTTP calls are cancelled.
+// proxy_on_delete. Timers stop and outstanding HTTP and gRPC calls are cancelled
+// (without callbacks).
 func (p *Plugin) Close(ctx context.Context) error {
 	if !p.closed.CompareAndSwap(false, true) {
 		return nil

@@ -49,6 +49,9 @@ type vm struct {
 
 	nextToken uint32
 	calls     map[uint32]*pendingCall
+	// grpcToken is the last gRPC call id handed out; grpcCalls are the pending ones.
+	grpcToken uint32
+	grpcCalls map[uint32]*pendingCall
 
 	// doneCh is set while Close waits for the root context to call proxy_done.
 	doneCh chan struct{}
@@ -86,6 +89,8 @@ type pendingCall struct {
 	once   sync.Once
 	stop   func() bool
 	cancel context.CancelFunc
+	// cancelCause ends a gRPC call's context with a given cause (the guest cancelled it).
+	cancelCause context.CancelCauseFunc
 }
 
 // vmCall is the state of one guest callback, reachable from host functions through the
@@ -105,6 +110,10 @@ type vmCall struct {
 	httpErr        error
 	foreignActive  bool
 	foreignArgs    []byte
+	// grpcResp is the gRPC call being delivered; grpcReceive marks its receive callback,
+	// the only one with the GrpcReceiveBuffer.
+	grpcResp    *GRPCCallResponse
+	grpcReceive bool
 
 	local   *LocalResponse
 	signals []Signal
@@ -116,13 +125,14 @@ func (in *instance) startVM() (*vm, error) {
 	p := in.p
 	v := &vm{
 		in: in, p: p,
-		mem:      newLimitedMemory(p.limit),
-		fns:      map[string]api.Function{},
-		exports:  map[string]*export{},
-		interned: map[string]string{},
-		contexts: map[uint32]*guestContext{},
-		calls:    map[uint32]*pendingCall{},
-		nextID:   1,
+		mem:       newLimitedMemory(p.limit),
+		fns:       map[string]api.Function{},
+		exports:   map[string]*export{},
+		interned:  map[string]string{},
+		contexts:  map[uint32]*guestContext{},
+		calls:     map[uint32]*pendingCall{},
+		grpcCalls: map[uint32]*pendingCall{},
+		nextID:    1,
 	}
 	clock := p.env.Clock
 	base := clock.Now()
@@ -463,6 +473,13 @@ func (v *vm) kill() {
 		}
 		pc.cancel()
 		delete(v.calls, tok)
+	}
+	for tok, pc := range v.grpcCalls {
+		if pc.stop != nil {
+			pc.stop()
+		}
+		pc.cancel()
+		delete(v.grpcCalls, tok)
 	}
 	if v.doneCh != nil {
 		close(v.doneCh)

@@ -1,0 +1,346 @@
+package host
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"time"
+)
+
+// gRPC status codes the host itself produces.
+const (
+	// GRPCStatusOK is a call that succeeded.
+	GRPCStatusOK uint32 = 0
+	// GRPCStatusDeadlineExceeded is a call the host timed out.
+	GRPCStatusDeadlineExceeded uint32 = 4
+	// GRPCStatusUnavailable is a call that failed before any answer: no healthy host,
+	// connect failure, reset (what Envoy's async client reports for these).
+	GRPCStatusUnavailable uint32 = 14
+)
+
+var (
+	// ErrGRPCCallTimeout is the cause of a timed-out gRPC call's dispatcher context.
+	ErrGRPCCallTimeout = errors.New("wasm host: grpc call timed out")
+	// ErrGRPCCallCancelled is the cause of the dispatcher context of a call the guest
+	// cancelled or closed.
+	ErrGRPCCallCancelled = errors.New("wasm host: grpc call cancelled by the guest")
+)
+
+// GRPCCallRequest is what a guest asked for through proxy_grpc_call.
+type GRPCCallRequest struct {
+	// Cluster is the target: envoy_grpc.cluster_name of the GrpcService the guest passed,
+	// or the plain name it passed instead.
+	Cluster string
+	// Authority is envoy_grpc.authority (empty: the dispatcher uses the cluster name, as
+	// Envoy does).
+	Authority string
+	// Service and Method name the RPC: the path is "/" + Service + "/" + Method.
+	Service, Method string
+	// Metadata is the guest's initial metadata, followed by the GrpcService's
+	// initial_metadata.
+	Metadata [][2]string
+	// Message is the serialized request, without gRPC framing.
+	Message []byte
+	// Timeout is the guest's timeout; the host enforces it (0 means none).
+	Timeout time.Duration
+	// Plugin is the calling plugin's name.
+	Plugin string
+}
+
+// GRPCCallResponse is how a gRPC call ended.
+type GRPCCallResponse struct {
+	InitialMetadata [][2]string
+	// Message is the response message without framing; only delivered when Status is 0.
+	Message          []byte
+	TrailingMetadata [][2]string
+	// Status is the gRPC status code (grpc-status), Message the grpc-message.
+	Status        uint32
+	StatusMessage string
+}
+
+// GRPCCallDispatcher sends unary gRPC calls for guests.
+type GRPCCallDispatcher interface {
+	// DispatchGRPCCall starts req and returns at once. It must call done exactly once,
+	// from any goroutine and at any time, even before it returns. done with a non-nil
+	// error is a call that failed without an answer: the guest sees UNAVAILABLE (14) with
+	// the error's text as the message. ctx is cancelled once the call has ended; its cause
+	// is ErrGRPCCallTimeout when the host timed it out, ErrGRPCCallCancelled when the
+	// guest cancelled it and ErrClosed when the plugin closed or the VM went away.
+	// Returning ErrUnknownCluster makes the guest's call fail with BadArgument, any other
+	// error with InternalFailure; done is then not called.
+	DispatchGRPCCall(ctx context.Context, req *GRPCCallRequest, done func(*GRPCCallResponse, error)) error
+}
+
+// GRPCCallDispatcherFunc adapts a function to GRPCCallDispatcher.
+type GRPCCallDispatcherFunc func(ctx context.Context, req *GRPCCallRequest, done func(*GRPCCallResponse, error)) error
+
+// DispatchGRPCCall calls f.
+func (f GRPCCallDispatcherFunc) DispatchGRPCCall(ctx context.Context, req *GRPCCallRequest, done func(*GRPCCallResponse, error)) error {
+	return f(ctx, req, done)
+}
+
+// Guest callbacks of a gRPC call.
+const (
+	fnOnGRPCReceiveInitialMetadata  = "proxy_on_grpc_receive_initial_metadata"
+	fnOnGRPCReceive                 = "proxy_on_grpc_receive"
+	fnOnGRPCReceiveTrailingMetadata = "proxy_on_grpc_receive_trailing_metadata"
+	fnOnGRPCClose                   = "proxy_on_grpc_close"
+)
+
+// grpcTarget is what the service argument of proxy_grpc_call names.
+type grpcTarget struct {
+	cluster, authority string
+	metadata           [][2]string
+	google             bool
+}
+
+// parseGRPCService reads the fields of a serialized envoy.config.core.v3.GrpcService the
+// host uses: envoy_grpc (1) {cluster_name (1), authority (2)}, google_grpc (2) and
+// initial_metadata (5) {key (1), value (2)}. ok is false when b is not a well-formed
+// message, or names neither an envoy_grpc cluster nor google_grpc: the guest then passed
+// a plain cluster name.
+func parseGRPCService(b []byte) (t grpcTarget, ok bool) {
+	err := walkProto(b, func(field uint64, v []byte) error {
+		switch field {
+		case 1:
+			return walkProto(v, func(f uint64, s []byte) error {
+				switch f {
+				case 1:
+					t.cluster = string(s)
+				case 2:
+					t.authority = string(s)
+				}
+				return nil
+			})
+		case 2:
+			t.google = true
+		case 5:
+			var kv [2]string
+			if err := walkProto(v, func(f uint64, s []byte) error {
+				if f == 1 || f == 2 {
+					kv[f-1] = string(s)
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			t.metadata = append(t.metadata, kv)
+		}
+		return nil
+	})
+	return t, err == nil && (t.cluster != "" || t.google)
+}
+
+var errWire = errors.New("malformed protobuf")
+
+// walkProto calls fn with every length-delimited field of a protobuf message and checks
+// that the other fields are well formed (the wire format only, as a parser that keeps
+// unknown fields does).
+func walkProto(b []byte, fn func(field uint64, v []byte) error) error {
+	for len(b) > 0 {
+		tag, n := binary.Uvarint(b)
+		if n <= 0 || tag>>3 == 0 {
+			return errWire
+		}
+		b = b[n:]
+		switch tag & 7 {
+		case 0:
+			if _, n = binary.Uvarint(b); n <= 0 {
+				return errWire
+			}
+			b = b[n:]
+		case 1, 5:
+			size := 8
+			if tag&7 == 5 {
+				size = 4
+			}
+			if len(b) < size {
+				return errWire
+			}
+			b = b[size:]
+		case 2:
+			l, n := binary.Uvarint(b)
+			if n <= 0 || l > uint64(len(b)-n) {
+				return errWire
+			}
+			if err := fn(tag>>3, b[n:n+int(l)]); err != nil {
+				return err
+			}
+			b = b[n+int(l):]
+		default:
+			return errWire
+		}
+	}
+	return nil
+}
+
+// grpcRequest reads proxy_grpc_call's arguments into a request.
+func (vc *vmCall) grpcRequest(s []uint64) (*GRPCCallRequest, Status) {
+	mem := vc.mem()
+	service, ok1 := readBytes(mem, u32(s, 0), u32(s, 1))
+	svcName, ok2 := readString(mem, u32(s, 2), u32(s, 3))
+	method, ok3 := readString(mem, u32(s, 4), u32(s, 5))
+	md, ok4 := readBytes(mem, u32(s, 6), u32(s, 7))
+	msg, ok5 := readBytes(mem, u32(s, 8), u32(s, 9))
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !canWrite(mem, u32(s, 11), 4) {
+		return nil, StatusInvalidMemoryAccess
+	}
+	metadata, err := DecodePairs(md)
+	if err != nil {
+		return nil, StatusBadArgument
+	}
+	t, parsed := parseGRPCService(service)
+	if !parsed {
+		t = grpcTarget{cluster: string(service)}
+	}
+	if t.google {
+		vc.vm.p.log.Warn("grpc call: google_grpc services are not supported, only envoy_grpc or a cluster name")
+		return nil, StatusBadArgument
+	}
+	if t.cluster == "" || svcName == "" || method == "" {
+		return nil, StatusBadArgument
+	}
+	return &GRPCCallRequest{Cluster: t.cluster, Authority: t.authority, Service: svcName, Method: method,
+		Metadata: append(metadata, t.metadata...), Message: msg,
+		Timeout: time.Duration(u32(s, 10)) * time.Millisecond, Plugin: vc.vm.p.cfg.Name}, StatusOK
+}
+
+// nextGRPCToken returns a free call id. gRPC call ids are odd, as in Envoy (whose stream
+// ids are even), and have their own space, apart from HTTP call tokens.
+func (v *vm) nextGRPCToken() uint32 {
+	for {
+		v.grpcToken += 2
+		if v.grpcToken%2 == 0 {
+			v.grpcToken = 1
+		}
+		if _, used := v.grpcCalls[v.grpcToken]; !used {
+			return v.grpcToken
+		}
+	}
+}
+
+func (vc *vmCall) proxyGRPCCall(ctx context.Context, s []uint64) Status {
+	req, st := vc.grpcRequest(s)
+	if st != StatusOK {
+		return st
+	}
+	v := vc.vm
+	p := v.p
+	if p.env.GRPCCalls == nil {
+		return StatusUnimplemented
+	}
+	token := v.nextGRPCToken()
+	callCtx, cancel := context.WithCancelCause(p.ctx)
+	pc := &pendingCall{}
+	pc.cancel = func() { cancel(ErrClosed) }
+	pc.cancelCause = cancel
+	v.grpcCalls[token] = pc
+	finish := func(resp *GRPCCallResponse, err error) {
+		pc.once.Do(func() {
+			if err == nil {
+				cancel(context.Canceled)
+			} else {
+				cancel(err)
+			}
+			v.in.post(func() { v.deliverGRPCCall(token, pc, grpcOutcome(resp, err)) })
+		})
+	}
+	if req.Timeout > 0 {
+		pc.stop = p.env.Clock.AfterFunc(req.Timeout, func() { finish(nil, ErrGRPCCallTimeout) })
+	}
+	if err := p.env.GRPCCalls.DispatchGRPCCall(callCtx, req, finish); err != nil {
+		pc.once.Do(func() {})
+		if pc.stop != nil {
+			pc.stop()
+		}
+		cancel(err)
+		delete(v.grpcCalls, token)
+		if errors.Is(err, ErrUnknownCluster) {
+			return StatusBadArgument
+		}
+		p.log.Warn("grpc call dispatch failed", "cluster", req.Cluster, "error", err)
+		return StatusInternalFailure
+	}
+	writeU32(vc.mem(), u32(s, 11), token)
+	return StatusOK
+}
+
+// grpcOutcome turns what the dispatcher (or the timer) reported into the response the
+// guest sees.
+func grpcOutcome(resp *GRPCCallResponse, err error) *GRPCCallResponse {
+	switch {
+	case errors.Is(err, ErrGRPCCallTimeout):
+		return &GRPCCallResponse{Status: GRPCStatusDeadlineExceeded, StatusMessage: "timeout"}
+	case err != nil:
+		return &GRPCCallResponse{Status: GRPCStatusUnavailable, StatusMessage: err.Error()}
+	case resp == nil:
+		return &GRPCCallResponse{Status: GRPCStatusUnavailable, StatusMessage: "no response"}
+	}
+	return resp
+}
+
+// proxyGRPCCancel ends a pending call without any callback: the dispatcher's context is
+// cancelled (cause ErrGRPCCallCancelled) and a late answer is dropped. proxy_grpc_close
+// does the same for a unary call, as in Envoy.
+func (vc *vmCall) proxyGRPCCancel(ctx context.Context, s []uint64) Status {
+	v := vc.vm
+	token := u32(s, 0)
+	pc, ok := v.grpcCalls[token]
+	if !ok {
+		return StatusNotFound
+	}
+	delete(v.grpcCalls, token)
+	pc.once.Do(func() {})
+	if pc.stop != nil {
+		pc.stop()
+	}
+	pc.cancelCause(ErrGRPCCallCancelled)
+	return StatusOK
+}
+
+// deliverGRPCCall runs the call's callbacks in the root context: for a success initial
+// metadata, the message, trailing metadata and close(0); for a failure the metadata that
+// came, if any, then close(code). The guest may cancel or close the call in any of them,
+// which stops the rest.
+func (v *vm) deliverGRPCCall(token uint32, pc *pendingCall, resp *GRPCCallResponse) {
+	if !v.alive() || v.grpcCalls[token] != pc {
+		return
+	}
+	if pc.stop != nil {
+		pc.stop()
+	}
+	ok := resp.Status == GRPCStatusOK
+	steps := []struct {
+		fn   string
+		n    int
+		skip bool
+	}{
+		{fnOnGRPCReceiveInitialMetadata, len(resp.InitialMetadata), !ok && len(resp.InitialMetadata) == 0},
+		{fnOnGRPCReceive, len(resp.Message), !ok},
+		{fnOnGRPCReceiveTrailingMetadata, len(resp.TrailingMetadata), !ok && len(resp.TrailingMetadata) == 0},
+		{fnOnGRPCClose, int(resp.Status), false},
+	}
+	for _, st := range steps {
+		if !v.alive() || v.grpcCalls[token] != pc {
+			return
+		}
+		if st.skip {
+			continue
+		}
+		if st.fn == fnOnGRPCClose {
+			delete(v.grpcCalls, token)
+		}
+		vc := &vmCall{vm: v, effective: v.rootID, callback: st.fn, grpcResp: resp,
+			grpcReceive: st.fn == fnOnGRPCReceive}
+		if _, _, err := v.call(vc, st.fn, uint64(v.rootID), uint64(token), uint64(st.n)); err != nil {
+			delete(v.grpcCalls, token)
+			v.in.fail(v, err, nil)
+			return
+		}
+	}
+}
+
+// grpcStatus is proxy_get_status during a gRPC call's callbacks.
+func (vc *vmCall) grpcStatus() (uint32, string) {
+	return vc.grpcResp.Status, vc.grpcResp.StatusMessage
+}
