@@ -12,6 +12,8 @@
 //	istio_request_bytes                   histogram, request.total_size
 //	istio_response_bytes                  histogram, response.total_size
 //
+// and, loaded as a network filter, Istio's TCP metrics (tcp.go).
+//
 // The filter records values only; histogram buckets are the proxy's (Envoy's default
 // buckets 0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, ... 3600000, which is what Istio
 // reports unless the bootstrap's histogram_bucket_settings or the pod's
@@ -121,6 +123,9 @@ type pluginContext struct {
 	// requests are not timed with the guest's clock.
 	durationFromHost bool
 	warnedDirection  bool
+
+	// conns are the open TCP connections (tcp.go).
+	conns map[*tcpContext]struct{}
 }
 
 // Bounds of the per-plugin string caches: past them, values are allocated per request.
@@ -140,6 +145,9 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 		// with a configuration only partly understood would emit wrong data.
 		proxywasm.LogCriticalf("telemetry: %v", err)
 		return types.OnPluginStartStatusFailed
+	}
+	if p.plan.Network {
+		p.startTCPReporting()
 	}
 	return types.OnPluginStartStatusOK
 }
@@ -163,6 +171,7 @@ func (p *pluginContext) configure(data []byte) error {
 	p.strs = intern.New(maxInterned)
 	p.flags = map[uint64]string{}
 	p.direction, _ = p.intProperty(pathListenerDirection)
+	p.conns = map[*tcpContext]struct{}{}
 	return nil
 }
 
@@ -276,6 +285,9 @@ func (p *pluginContext) outbound() bool {
 }
 
 func (p *pluginContext) NewHttpContext(uint32) types.HttpContext {
+	if p.plan.Network {
+		return nil // a network filter's streams are TCP connections (NewTcpContext)
+	}
 	h := &httpContext{p: p}
 	if n := len(p.plan.Attributes); n > 0 {
 		h.slots = make([]slotState, n)
@@ -461,38 +473,7 @@ func (p *pluginContext) report(h *httpContext) {
 	pl := p.plan
 	used := &pl.UsedLabels
 	vals := p.values
-	peer := h.peerWorkload()
-
-	if h.outbound {
-		vals[statsplan.LabelReporter] = statsplan.ReporterSource
-		setWorkloadLabels(vals, true, p.local)
-		setWorkloadLabels(vals, false, peer)
-	} else {
-		vals[statsplan.LabelReporter] = statsplan.ReporterDestination
-		setWorkloadLabels(vals, true, peer)
-		setWorkloadLabels(vals, false, p.local)
-	}
-
-	if used[statsplan.LabelSourcePrincipal] || used[statsplan.LabelDestinationPrincipal] {
-		srcPath, dstPath := pathInboundPeerSAN, pathInboundLocalSAN
-		if h.outbound {
-			srcPath, dstPath = pathOutboundLocalSAN, pathOutboundPeerSAN
-		}
-		vals[statsplan.LabelSourcePrincipal] = p.stringProperty(srcPath)
-		vals[statsplan.LabelDestinationPrincipal] = p.stringProperty(dstPath)
-	}
-
-	if used[statsplan.LabelDestinationService] || used[statsplan.LabelDestinationServiceName] || used[statsplan.LabelDestinationServiceNamespace] {
-		var cluster string
-		if b, ok := p.property(pathClusterName); ok {
-			cluster = p.str(b)
-		}
-		svc, name, ns := destinationService(cluster, h.authority, pl.UseHostHeader)
-		if ns == "" {
-			ns = vals[statsplan.LabelDestinationWorkloadNamespace]
-		}
-		vals[statsplan.LabelDestinationService], vals[statsplan.LabelDestinationServiceName], vals[statsplan.LabelDestinationServiceNamespace] = svc, name, ns
-	}
+	p.setSideLabels(vals, h.outbound, h.peerWorkload(), h.authority)
 
 	vals[statsplan.LabelRequestProtocol] = protocolHTTP
 	if h.grpc {
@@ -519,32 +500,7 @@ func (p *pluginContext) report(h *httpContext) {
 			}
 		}
 	}
-
-	if used[statsplan.LabelResponseFlags] {
-		flags, _ := p.intProperty(pathResponseFlags)
-		vals[statsplan.LabelResponseFlags] = p.flagsText(uint64(flags))
-	}
-
-	if used[statsplan.LabelConnectionSecurityPolicy] {
-		vals[statsplan.LabelConnectionSecurityPolicy] = unknown // Istio: the client side cannot know
-		if !h.outbound {
-			if b, ok := p.property(pathConnectionMTLS); ok && len(b) == 1 {
-				vals[statsplan.LabelConnectionSecurityPolicy] = policyNone
-				if b[0] != 0 {
-					vals[statsplan.LabelConnectionSecurityPolicy] = policyMutualTLS
-				}
-			}
-		}
-	}
-
-	for i, d := range pl.Dimensions {
-		v, ok := d.Eval(h)
-		if ok {
-			vals[statsplan.NumStandardLabels+i] = expr.Format(d.Type(), v)
-		} else {
-			vals[statsplan.NumStandardLabels+i] = unknown // as Istio reports a failed dimension
-		}
-	}
+	p.setDimensions(vals, h)
 
 	var durMs int64
 	var durOK bool
@@ -575,7 +531,75 @@ func (p *pluginContext) report(h *httpContext) {
 		}
 		p.mvals[i], p.mok[i] = v, ok
 	}
-	p.reg.report(vals, p.mvals, p.mok)
+	p.reg.report(vals, p.mvals, p.mok, false)
+}
+
+// setSideLabels sets the labels an HTTP request and a TCP connection take the same way:
+// the reporter, both sides' workloads (this proxy's from its node, the other's from peer
+// metadata, nil when unknown) and principals, the destination service (from the cluster,
+// else the authority), the response flags and the connection security policy.
+func (p *pluginContext) setSideLabels(vals []string, outbound bool, peer *workload, authority string) {
+	pl := p.plan
+	used := &pl.UsedLabels
+	if outbound {
+		vals[statsplan.LabelReporter] = statsplan.ReporterSource
+		setWorkloadLabels(vals, true, p.local)
+		setWorkloadLabels(vals, false, peer)
+	} else {
+		vals[statsplan.LabelReporter] = statsplan.ReporterDestination
+		setWorkloadLabels(vals, true, peer)
+		setWorkloadLabels(vals, false, p.local)
+	}
+
+	if used[statsplan.LabelSourcePrincipal] || used[statsplan.LabelDestinationPrincipal] {
+		srcPath, dstPath := pathInboundPeerSAN, pathInboundLocalSAN
+		if outbound {
+			srcPath, dstPath = pathOutboundLocalSAN, pathOutboundPeerSAN
+		}
+		vals[statsplan.LabelSourcePrincipal] = p.stringProperty(srcPath)
+		vals[statsplan.LabelDestinationPrincipal] = p.stringProperty(dstPath)
+	}
+
+	if used[statsplan.LabelDestinationService] || used[statsplan.LabelDestinationServiceName] || used[statsplan.LabelDestinationServiceNamespace] {
+		var cluster string
+		if b, ok := p.property(pathClusterName); ok {
+			cluster = p.str(b)
+		}
+		svc, name, ns := destinationService(cluster, authority, pl.UseHostHeader)
+		if ns == "" {
+			ns = vals[statsplan.LabelDestinationWorkloadNamespace]
+		}
+		vals[statsplan.LabelDestinationService], vals[statsplan.LabelDestinationServiceName], vals[statsplan.LabelDestinationServiceNamespace] = svc, name, ns
+	}
+
+	if used[statsplan.LabelResponseFlags] {
+		flags, _ := p.intProperty(pathResponseFlags)
+		vals[statsplan.LabelResponseFlags] = p.flagsText(uint64(flags))
+	}
+
+	if used[statsplan.LabelConnectionSecurityPolicy] {
+		vals[statsplan.LabelConnectionSecurityPolicy] = unknown // Istio: the client side cannot know
+		if !outbound {
+			if b, ok := p.property(pathConnectionMTLS); ok && len(b) == 1 {
+				vals[statsplan.LabelConnectionSecurityPolicy] = policyNone
+				if b[0] != 0 {
+					vals[statsplan.LabelConnectionSecurityPolicy] = policyMutualTLS
+				}
+			}
+		}
+	}
+}
+
+// setDimensions evaluates the configured dimensions with r.
+func (p *pluginContext) setDimensions(vals []string, r expr.Reader) {
+	for i, d := range p.plan.Dimensions {
+		v, ok := d.Eval(r)
+		if ok {
+			vals[statsplan.NumStandardLabels+i] = expr.Format(d.Type(), v)
+		} else {
+			vals[statsplan.NumStandardLabels+i] = unknown // as Istio reports a failed dimension
+		}
+	}
 }
 
 // durationMs is the request's duration: Envoy's request.duration, else the time since

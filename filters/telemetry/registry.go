@@ -93,11 +93,15 @@ func overflowName(fullName string) string {
 	return string(appendTag(nil, overflowTagName, fullName)) + overflowMetricName
 }
 
-// report records one request: values are its label values (standard labels, then
+// report records one request (tcp false) or one TCP connection's report (tcp true) in
+// the metrics of that kind: values are its label values (standard labels, then
 // dimensions), vals[i] and ok[i] the value of plan metric i (not recorded when !ok).
-func (r *registry) report(values []string, vals []int64, ok []bool) {
+func (r *registry) report(values []string, vals []int64, ok []bool, tcp bool) {
 	for g := range r.groups {
 		gr := &r.groups[g]
+		if r.pl.Metrics[gr.metrics[0]].TCP != tcp {
+			continue
+		}
 		ids := r.lookup(gr, values)
 		for i, mi := range gr.metrics {
 			switch {

@@ -60,7 +60,7 @@ func reportOne(r *registry, pl *statsplan.Plan, values []string) {
 	for i := range pl.Metrics {
 		vals[i], ok[i] = 1, pl.Metrics[i].Kind == statsplan.Counter
 	}
-	r.report(values, vals, ok)
+	r.report(values, vals, ok, false)
 }
 
 // The cache of known label values answers the same ids as encoding the tags: values that

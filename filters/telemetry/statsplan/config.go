@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
+	"time"
 
 	"github.com/wasmesh/wasmesh/filters/telemetry/expr"
 )
 
 // Config is the plugin configuration: Istio's stats plugin configuration (JSON, the
-// field names of istio/proxy extensions/stats/config.proto) plus two wasmesh fields.
+// field names of istio/proxy extensions/stats/config.proto) plus three wasmesh fields.
 //
 //	{
 //	  "metrics": [                         // overrides, applied in order
@@ -27,11 +29,16 @@ import (
 //	  "disable_host_header_fallback": false,
 //	  "max_peer_cache_size": 500,          // decoded peers kept; negative: no cache
 //	  "max_label_sets_per_metric": 1000,   // wasmesh: cardinality cap per metric
-//	  "reporter": ""                       // wasmesh: "source" or "destination"; empty: from listener_direction
+//	  "reporter": "",                      // wasmesh: "source" or "destination"; empty: from listener_direction
+//	  "tcp_reporting_duration": "15s",     // how often open TCP connections report
+//	  "network": false                     // wasmesh: true when loaded as a network (TCP) filter
 //	}
 //
 // Every field is optional; an empty configuration reports Istio's four HTTP metrics
-// with the standard labels. Unknown fields, Istio fields this filter does not implement
+// with the standard labels. A filter loaded as envoy.filters.network.wasm needs "network":
+// true and reports Istio's four TCP metrics instead (the Go SDK gives a plugin either HTTP
+// streams or TCP connections, and nothing in Envoy's attributes says which filter type
+// loaded it). Unknown fields, Istio fields this filter does not implement
 // (with a value other than their default) and expressions it cannot evaluate are errors,
 // so a configuration is either honoured or refused.
 type Config struct {
@@ -43,6 +50,12 @@ type Config struct {
 	MaxPeerCacheSize          int
 	MaxLabelSetsPerMetric     int
 	Reporter                  string
+	// TCPReportingDuration is how often open TCP connections report what they moved so
+	// far (Istio's tcp_reporting_duration, default 15 s); closed ones report at close.
+	TCPReportingDuration time.Duration
+	// Network says the plugin runs as a network filter: it gets TCP connections, not
+	// HTTP streams.
+	Network bool
 }
 
 // MetricConfig is one entry of metrics: an override of one metric (Name) or of all.
@@ -69,6 +82,9 @@ const (
 	// bounded set of peers, codes and flags, so real traffic stays far below it; a
 	// custom dimension fed from request data (a header, a path) is what reaches it.
 	defaultMaxLabelSets = 1000
+
+	defaultTCPReportingDuration = 15 * time.Second // Istio's default
+	minTCPReportingDuration     = 100 * time.Millisecond
 )
 
 // rawConfig mirrors the JSON; list elements stay raw so each is decoded strictly on its
@@ -86,6 +102,7 @@ type rawConfig struct {
 	Debug                     bool              `json:"debug"` // deprecated in Istio; accepted, no effect
 	TCPReportingDuration      *string           `json:"tcp_reporting_duration"`
 	MetadataMode              *json.RawMessage  `json:"metadata_mode"`
+	Network                   bool              `json:"network"`
 }
 
 // ParseConfig decodes the plugin configuration (JSON; empty means the defaults), refusing
@@ -95,6 +112,7 @@ func ParseConfig(data []byte) (Config, error) {
 		StatPrefix:            defaultStatPrefix,
 		MaxPeerCacheSize:      defaultMaxPeerCacheSize,
 		MaxLabelSetsPerMetric: defaultMaxLabelSets,
+		TCPReportingDuration:  defaultTCPReportingDuration,
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return cfg, nil
@@ -110,7 +128,12 @@ func ParseConfig(data []byte) (Config, error) {
 		return Config{}, fmt.Errorf("value_separator %q is not supported: tags are always encoded with %q", *raw.ValueSeparator, ValueSeparator)
 	}
 	if raw.TCPReportingDuration != nil {
-		return Config{}, errors.New("tcp_reporting_duration is not supported: this filter reports HTTP metrics only")
+		// Protobuf's JSON form of a Duration: decimal seconds with an "s" suffix.
+		d, err := time.ParseDuration(*raw.TCPReportingDuration)
+		if err != nil || !strings.HasSuffix(*raw.TCPReportingDuration, "s") || d < minTCPReportingDuration {
+			return Config{}, fmt.Errorf("tcp_reporting_duration %q must be a duration in seconds (\"15s\", \"0.5s\") of at least %v", *raw.TCPReportingDuration, minTCPReportingDuration)
+		}
+		cfg.TCPReportingDuration = d
 	}
 	if raw.MetadataMode != nil {
 		return Config{}, errors.New("metadata_mode is not supported: peers are identified by metadata exchange only")
@@ -122,6 +145,7 @@ func ParseConfig(data []byte) (Config, error) {
 		cfg.StatPrefix = *raw.StatPrefix
 	}
 	cfg.DisableHostHeaderFallback = raw.DisableHostHeaderFallback
+	cfg.Network = raw.Network
 	switch {
 	case raw.MaxPeerCacheSize < 0:
 		cfg.MaxPeerCacheSize = -1

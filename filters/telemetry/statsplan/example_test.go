@@ -44,6 +44,10 @@ func ExampleLoad() {
 	// istio_requests_total COUNTER: 25 tags, group 0 [request_host=request.host]
 	// istio_request_duration_milliseconds HISTOGRAM: 25 tags, group 1 []
 	// istio_response_bytes HISTOGRAM: 25 tags, group 1 []
+	// istio_tcp_sent_bytes_total COUNTER: 25 tags, group 2 []
+	// istio_tcp_received_bytes_total COUNTER: 25 tags, group 2 []
+	// istio_tcp_connections_opened_total COUNTER: 25 tags, group 2 []
+	// istio_tcp_connections_closed_total COUNTER: 25 tags, group 2 []
 	// istio_server_errors_total COUNTER: 25 tags, group 1 []
 	// slot 0: response.code, a int
 	// slot 1: request.host, a string
@@ -55,7 +59,7 @@ func ExampleLoad_error() {
 		`{"metrics": [{"dimensions": {"user": "request.header['x-user']"}}]}`,
 		`{"metrics": [{"name": "requests_total", "tags_to_remove": ["respones_code"]}]}`,
 		`{"definitions": [{"name": "ok", "value": "response.code < 400"}]}`,
-		`{"tcp_reporting_duration": "15s"}`,
+		`{"tcp_reporting_duration": "15 seconds"}`,
 	} {
 		_, err := statsplan.Load([]byte(cfg), node)
 		fmt.Println(err)
@@ -64,10 +68,10 @@ func ExampleLoad_error() {
 	// plugin configuration: metrics[0]: dimension "user": expression "request.header['x-user']": column 1: unknown attribute request.header['x-user']
 	// plugin configuration: metrics[0] (requests_total): tags_to_remove: unknown tag "respones_code"
 	// plugin configuration: definitions[0] (ok): value expression "response.code < 400" is a bool, a metric value must be an int
-	// plugin configuration: tcp_reporting_duration is not supported: this filter reports HTTP metrics only
+	// plugin configuration: tcp_reporting_duration "15 seconds" must be a duration in seconds ("15s", "0.5s") of at least 100ms
 }
 
-// Describe prints a plan: here one metric that keeps three of the standard labels and
+// Describe prints a plan: here one metric (the others dropped) that keeps three of the standard labels and
 // adds a dimension.
 func ExamplePlan_Describe() {
 	var remove []string
@@ -83,7 +87,11 @@ func ExamplePlan_Describe() {
 			{"dimensions": {"method": "request.method"}},
 			{"name": "request_duration_milliseconds", "drop": true},
 			{"name": "request_bytes", "drop": true},
-			{"name": "response_bytes", "drop": true}
+			{"name": "response_bytes", "drop": true},
+			{"name": "tcp_sent_bytes_total", "drop": true},
+			{"name": "tcp_received_bytes_total", "drop": true},
+			{"name": "tcp_connections_opened_total", "drop": true},
+			{"name": "tcp_connections_closed_total", "drop": true}
 		]
 	}`), node)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/wasmesh/wasmesh/filters/telemetry/expr"
 )
@@ -47,6 +48,12 @@ const (
 	ValueRequestBytes                     // request.total_size
 	ValueResponseBytes                    // response.total_size
 	ValueExpr                             // the metric's int expression, Metric.ValueExpr
+
+	// The TCP metrics' values, per connection report (Metric.TCP).
+	ValueConnectionOpened // 1 in a connection's first report
+	ValueConnectionClosed // 1 in its report at close
+	ValueReceivedBytes    // bytes from the downstream since the last report
+	ValueSentBytes        // bytes to the downstream since the last report
 )
 
 // Tag is one tag of a metric: its name and the index of its value in a request's label
@@ -66,6 +73,10 @@ type Metric struct {
 	ValueExpr *expr.Expr // ValueExpr: the value expression, an int
 	Tags      []Tag      // in the order they are encoded in the name
 	Group     int        // index into Plan.Groups
+	// TCP marks the metrics of TCP connections (istio_tcp_*), reported by a network
+	// filter's connections; the others are reported per HTTP request. A group holds
+	// metrics of one kind only.
+	TCP bool
 }
 
 // Plan is what a configuration means, worked out once at configure time: which metrics
@@ -95,6 +106,10 @@ type Plan struct {
 	UseHostHeader bool   // destination_service falls back to the :authority (Istio's default)
 	MaxLabelSets  int    // distinct label sets per metric
 	MaxPeerCache  int    // decoded peers kept; negative: no cache
+	// TCPReportingDuration is how often an open connection reports (tcp_reporting_duration).
+	TCPReportingDuration time.Duration
+	// Network: the plugin is a network filter, reporting TCP connections.
+	Network bool
 
 	// The attribute slots of header sources, captured in the header callbacks.
 	RequestHeaderSlots, ResponseHeaderSlots, ResponseTrailerSlots []int
@@ -108,6 +123,7 @@ type factory struct {
 	kind      Kind
 	value     ValueSource
 	valueExpr *expr.Expr
+	tcp       bool
 	tags      []string
 	index     map[string]int
 	dropped   bool
@@ -119,6 +135,13 @@ func newFactory(name string, kind Kind, v ValueSource) *factory {
 		f.tags = append(f.tags, n)
 		f.index[n] = i
 	}
+	return f
+}
+
+// newTCPFactory is one of Istio's TCP metrics, all counters with the standard labels.
+func newTCPFactory(name string, v ValueSource) *factory {
+	f := newFactory(name, Counter, v)
+	f.tcp = true
 	return f
 }
 
@@ -145,6 +168,9 @@ func Build(cfg Config, node NodeReader) (*Plan, error) {
 			UseHostHeader: !cfg.DisableHostHeaderFallback,
 			MaxLabelSets:  cfg.MaxLabelSetsPerMetric,
 			MaxPeerCache:  cfg.MaxPeerCacheSize,
+
+			TCPReportingDuration: cfg.TCPReportingDuration,
+			Network:              cfg.Network,
 		},
 		attrs: NewResolver(node),
 		factories: []*factory{
@@ -152,6 +178,10 @@ func Build(cfg Config, node NodeReader) (*Plan, error) {
 			newFactory("request_duration_milliseconds", Histogram, ValueDurationMs),
 			newFactory("request_bytes", Histogram, ValueRequestBytes),
 			newFactory("response_bytes", Histogram, ValueResponseBytes),
+			newTCPFactory("tcp_sent_bytes_total", ValueSentBytes),
+			newTCPFactory("tcp_received_bytes_total", ValueReceivedBytes),
+			newTCPFactory("tcp_connections_opened_total", ValueConnectionOpened),
+			newTCPFactory("tcp_connections_closed_total", ValueConnectionClosed),
 		},
 		dimIndex: map[string]int{},
 	}
@@ -322,11 +352,14 @@ func (b *planBuilder) metricPlans(statPrefix string) {
 		if f.dropped {
 			continue
 		}
-		mp := Metric{Name: f.name, FullName: f.name, Kind: f.kind, Value: f.value, ValueExpr: f.valueExpr}
+		mp := Metric{Name: f.name, FullName: f.name, Kind: f.kind, Value: f.value, ValueExpr: f.valueExpr, TCP: f.tcp}
 		if statPrefix != "" {
 			mp.FullName = statPrefix + "_" + f.name
 		}
 		var sig strings.Builder
+		if f.tcp {
+			sig.WriteString("tcp;")
+		}
 		for _, t := range f.tags {
 			idx := f.index[t]
 			if idx < 0 {
@@ -380,8 +413,12 @@ func (pl *Plan) Describe() string {
 	} else {
 		fmt.Fprintf(&b, "reporter: %s\n", pl.Reporter)
 	}
-	fmt.Fprintf(&b, "host header fallback: %t\nmax label sets per metric: %d\nmax peer cache size: %d\n\nmetrics:\n",
+	fmt.Fprintf(&b, "host header fallback: %t\nmax label sets per metric: %d\nmax peer cache size: %d\n",
 		pl.UseHostHeader, pl.MaxLabelSets, pl.MaxPeerCache)
+	if pl.Network {
+		fmt.Fprintf(&b, "network filter: TCP connections, reported every %v\n", pl.TCPReportingDuration)
+	}
+	b.WriteString("\nmetrics:\n")
 	for _, m := range pl.Metrics {
 		fmt.Fprintf(&b, "  %s %s = ", m.FullName, m.Kind)
 		switch m.Value {
@@ -395,6 +432,14 @@ func (pl *Plan) Describe() string {
 			b.WriteString("response.total_size")
 		case ValueExpr:
 			b.WriteString(m.ValueExpr.String())
+		case ValueConnectionOpened:
+			b.WriteString("1 per connection opened")
+		case ValueConnectionClosed:
+			b.WriteString("1 per connection closed")
+		case ValueReceivedBytes:
+			b.WriteString("bytes received from the downstream")
+		case ValueSentBytes:
+			b.WriteString("bytes sent to the downstream")
 		}
 		fmt.Fprintf(&b, " (group %d)\n", m.Group)
 	}
