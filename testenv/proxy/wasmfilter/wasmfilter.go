@@ -143,22 +143,33 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 	if err := w.ValidateAll(); err != nil {
 		return nil, err
 	}
-	pc := w.GetConfig()
+	p, failOpen, err := m.plugin(name, w.GetConfig())
+	if err != nil {
+		return nil, err
+	}
+	sc := m.opts.Store.Scope("wasm." + p.Name())
+	return &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams"), bufs: hctx.Buffers}, nil
+}
+
+// plugin returns the plugin of a Wasm filter's configuration (HTTP or network), shared by
+// every filter with the same code and configuration: compiled, started and configured
+// once. name is the filter's name, the plugin's when the configuration names none.
+func (m *Manager) plugin(name string, pc *wasmv3.PluginConfig) (*host.Plugin, bool, error) {
 	vm := pc.GetVmConfig()
 	if vm == nil {
-		return nil, errors.New("config.vm_config is required (vm sharing through capability restrictions is not supported)")
+		return nil, false, errors.New("config.vm_config is required (vm sharing through capability restrictions is not supported)")
 	}
 	code, err := m.loadCode(vm.GetCode())
 	if err != nil {
-		return nil, fmt.Errorf("vm_config.code: %w", err)
+		return nil, false, fmt.Errorf("vm_config.code: %w", err)
 	}
 	cfgBytes, err := bytesOf(pc.GetConfiguration())
 	if err != nil {
-		return nil, fmt.Errorf("config.configuration: %w", err)
+		return nil, false, fmt.Errorf("config.configuration: %w", err)
 	}
 	vmCfg, err := bytesOf(vm.GetConfiguration())
 	if err != nil {
-		return nil, fmt.Errorf("vm_config.configuration: %w", err)
+		return nil, false, fmt.Errorf("vm_config.configuration: %w", err)
 	}
 	failOpen := pc.GetFailOpen() //nolint:staticcheck // still what Istio sends
 	if pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN {
@@ -180,7 +191,7 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 	if p == nil {
 		mod, err := m.rt.Compile(m.ctx, code)
 		if err != nil {
-			return nil, fmt.Errorf("wasm module of %s: %w", pluginName, err)
+			return nil, false, fmt.Errorf("wasm module of %s: %w", pluginName, err)
 		}
 		p, err = m.rt.NewPlugin(m.ctx, mod, host.PluginConfig{
 			Name: pluginName, RootID: pc.GetRootId(), VMID: vm.GetVmId(), VMConfig: vmCfg, Configuration: cfgBytes,
@@ -188,7 +199,7 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 			AllowOnHeadersStopIteration: allowStopIteration,
 		}, m.env)
 		if err != nil {
-			return nil, fmt.Errorf("wasm plugin %s: %w", pluginName, err)
+			return nil, false, fmt.Errorf("wasm plugin %s: %w", pluginName, err)
 		}
 		m.mu.Lock()
 		if existing := m.plugins[key]; existing != nil {
@@ -200,8 +211,7 @@ func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.Fil
 			m.mu.Unlock()
 		}
 	}
-	sc := m.opts.Store.Scope("wasm." + pluginName)
-	return &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams"), bufs: hctx.Buffers}, nil
+	return p, failOpen, nil
 }
 
 // bytesOf reads a plugin or VM configuration: StringValue or BytesValue (Istio sends
