@@ -24,11 +24,13 @@ type config struct {
 	RateLimitHeaders *bool              `json:"rate_limit_headers"`
 	CASRetries       *int64             `json:"cas_retries"`
 	TickPeriod       string             `json:"tick_period"`
+	RateLimitService *serviceConfig     `json:"rate_limit_service"`
 	Descriptors      []descriptorConfig `json:"descriptors"`
 }
 
 type descriptorConfig struct {
 	Name        string             `json:"name"`
+	Mode        string             `json:"mode"`
 	Entries     []entryConfig      `json:"entries"`
 	TokenBucket *tokenBucketConfig `json:"token_bucket"`
 	Quota       *quotaConfig       `json:"quota"`
@@ -42,6 +44,7 @@ type entryConfig struct {
 	Header   string   `json:"header"`
 	Prefixes []string `json:"prefixes"`
 	Path     []string `json:"path"`
+	Value    *string  `json:"value"`
 	Default  *string  `json:"default"`
 }
 
@@ -91,6 +94,7 @@ const (
 	sourceSourcePrincipal
 	sourceSourceWorkload
 	sourceProperty
+	sourceGenericKey
 )
 
 var sourceNames = map[string]sourceKind{
@@ -102,6 +106,7 @@ var sourceNames = map[string]sourceKind{
 	"source_principal":    sourceSourcePrincipal,
 	"source_workload":     sourceSourceWorkload,
 	"property":            sourceProperty,
+	"generic_key":         sourceGenericKey,
 }
 
 // Fixed property paths of the named sources. source_principal is the peer certificate's
@@ -118,6 +123,7 @@ type settings struct {
 	headers     bool
 	casRetries  int
 	tickPeriod  time.Duration
+	service     *service    // nil: no descriptor is global
 	attrs       []attribute // distinct request attributes, each read at most once per request
 	descriptors []*descriptor
 }
@@ -128,11 +134,12 @@ type attribute struct {
 	header   string   // header: the header; the pseudo-header for method, authority, ...
 	prefixes []string // path_prefix: longest first, so the first match is the longest
 	path     []string // property, source_principal, source_workload
+	value    string   // generic_key
 }
 
 // id identifies an attribute so that entries reading the same thing share one read.
 func (a *attribute) id() string {
-	return fmt.Sprintf("%d|%s|%q|%q", a.source, a.header, a.prefixes, a.path)
+	return fmt.Sprintf("%d|%s|%q|%q|%q", a.source, a.header, a.prefixes, a.path, a.value)
 }
 
 type entry struct {
@@ -145,8 +152,9 @@ type entry struct {
 // metrics) when it starts.
 type descriptor struct {
 	name      string
+	mode      mode
 	entries   []entry
-	policy    *ratelimit.Policy
+	policy    *ratelimit.Policy // nil in mode global
 	shadow    bool
 	overrides []override
 	rt        descriptorRuntime
@@ -300,6 +308,9 @@ func (c *config) validate() (*settings, error) {
 		names[d.name] = true
 		s.descriptors = append(s.descriptors, d)
 	}
+	if err := c.validateService(s); err != nil {
+		return nil, err
+	}
 	if s.tickPeriod == 0 {
 		s.tickPeriod = defaultTickPeriod(s.descriptors)
 	}
@@ -312,6 +323,9 @@ func (c *config) validate() (*settings, error) {
 func defaultTickPeriod(ds []*descriptor) time.Duration {
 	period := maxTickPeriod
 	for _, d := range ds {
+		if d.mode == modeGlobal { // no local state
+			continue
+		}
 		period = min(period, d.policy.Period())
 		for _, o := range d.overrides {
 			period = min(period, o.policy.Period())
@@ -328,6 +342,10 @@ func (dc *descriptorConfig) validate(path string, globalShadow bool, s *settings
 		return nil, fieldError(path+".name", "%q must be letters, digits, '_', '-' or '.'", dc.Name)
 	}
 	d := &descriptor{name: dc.Name, shadow: globalShadow}
+	var err error
+	if d.mode, err = parseMode(path+".mode", dc.Mode); err != nil {
+		return nil, err
+	}
 	if dc.Shadow != nil {
 		d.shadow = *dc.Shadow
 	}
@@ -351,8 +369,8 @@ func (dc *descriptorConfig) validate(path string, globalShadow bool, s *settings
 	if err != nil {
 		return nil, err
 	}
-	if p == nil {
-		return nil, fieldError(path, `one of "token_bucket" and "quota" is required`)
+	if err := d.checkMode(path, p); err != nil {
+		return nil, err
 	}
 	d.policy = p
 	for i := range dc.Overrides {
@@ -381,9 +399,10 @@ func (ec *entryConfig) validate(path string, s *settings, attrIDs map[string]int
 		return entry{}, fieldError(path+".source", "unknown source %q; one of %s", ec.Source, sourceList())
 	}
 	// A field the source ignores is a mistake in the configuration, not a no-op.
-	uses := map[string]bool{"header": kind == sourceHeader, "prefixes": kind == sourcePathPrefix, "path": kind == sourceProperty}
-	set := map[string]bool{"header": ec.Header != "", "prefixes": ec.Prefixes != nil, "path": ec.Path != nil}
-	for _, f := range []string{"header", "prefixes", "path"} {
+	uses := map[string]bool{"header": kind == sourceHeader, "prefixes": kind == sourcePathPrefix, "path": kind == sourceProperty,
+		"value": kind == sourceGenericKey}
+	set := map[string]bool{"header": ec.Header != "", "prefixes": ec.Prefixes != nil, "path": ec.Path != nil, "value": ec.Value != nil}
+	for _, f := range []string{"header", "prefixes", "path", "value"} {
 		if set[f] && !uses[f] {
 			return entry{}, fieldError(path+"."+f, "not used by source %q", ec.Source)
 		}
@@ -423,6 +442,14 @@ func (ec *entryConfig) validate(path string, s *settings, attrIDs map[string]int
 			return entry{}, fieldError(path+".path", "must be a non-empty list of non-empty segments")
 		}
 		a.path = slices.Clone(ec.Path)
+	case sourceGenericKey:
+		if *ec.Value == "" {
+			return entry{}, fieldError(path+".value", "must not be empty")
+		}
+		if ec.Default != nil {
+			return entry{}, fieldError(path+".default", `not used by source "generic_key": its value is always present`)
+		}
+		a.value = *ec.Value
 	}
 	id := a.id()
 	idx, ok := attrIDs[id]
@@ -435,7 +462,7 @@ func (ec *entryConfig) validate(path string, s *settings, attrIDs map[string]int
 }
 
 func sourceList() string {
-	return `"header", "path_prefix", "method", "authority", "destination_service", "source_principal", "source_workload", "property"`
+	return `"header", "path_prefix", "method", "authority", "destination_service", "source_principal", "source_workload", "property", "generic_key"`
 }
 
 func (oc *overrideConfig) validate(path string, d *descriptor, keys map[string]int) (override, error) {
@@ -453,6 +480,9 @@ func (oc *overrideConfig) validate(path string, d *descriptor, keys map[string]i
 	p, err := validatePolicy(path, oc.TokenBucket, oc.Quota)
 	if err != nil {
 		return override{}, err
+	}
+	if p != nil && d.mode == modeGlobal {
+		return override{}, fieldError(path, `a limit is not used in mode "global": the rate-limit service holds it; an override may set "shadow"`)
 	}
 	if p == nil && oc.Shadow == nil {
 		return override{}, fieldError(path, `sets nothing; give "token_bucket", "quota" or "shadow"`)

@@ -106,7 +106,7 @@ func TestParseConfigErrorsNameTheField(t *testing.T) {
 		"no descriptors":          {`{}`, `descriptors: at least one descriptor is required`},
 		"unknown top-level field": {`{"descriptor": []}`, `descriptor: unknown field`},
 		"unknown nested field":    {bucketConfig(`"token_bucket": {"max_token": 1, "fill_interval": "1s"}`), `descriptors[0].token_bucket.max_token: unknown field`},
-		"unknown entry field":     {bucketConfig(okBucket + `, "entries": [{"key": "u", "source": "method", "value": "x"}]`), `descriptors[0].entries[0].value: unknown field`},
+		"unknown entry field":     {bucketConfig(okBucket + `, "entries": [{"key": "u", "source": "method", "values": "x"}]`), `descriptors[0].entries[0].values: unknown field`},
 		"unknown override field":  {bucketConfig(okBucket + `, "entries": [{"key": "u", "source": "method"}], "overrides": [{"match": {"u": "GET"}, "shadows": true}]`), `descriptors[0].overrides[0].shadows: unknown field`},
 		"field name in capitals":  {`{"Descriptors": []}`, `Descriptors: unknown field`},
 		"wrong type":              {`{"cas_retries": "5", "descriptors": []}`, `cas_retries`},

@@ -34,6 +34,7 @@ type descriptorRuntime struct {
 	metrics struct {
 		allowed, denied, shadowDenied, casExhausted, storeError proxywasm.MetricCounter
 	}
+	global globalMetrics // modes global and both
 }
 
 // start prepares the descriptor for requests: key prefix and metrics.
@@ -185,6 +186,9 @@ func (p *pluginContext) attr(i int) (string, bool) {
 // readAttr reads an attribute and returns its value, interned:
 // the values that pick buckets repeat from request to request.
 func (p *pluginContext) readAttr(a *attribute) (string, bool) {
+	if a.source == sourceGenericKey {
+		return a.value, true
+	}
 	var b []byte
 	if a.path != nil {
 		v, err := proxywasm.GetProperty(a.path)

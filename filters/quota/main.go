@@ -124,7 +124,11 @@ import (
 
 // init registers the VM context: a reactor's host runs _initialize (package
 // initialisers), never main.
-func init() { proxywasm.SetVMContext(&vmContext{}) }
+func init() { proxywasm.SetVMContext(theVM) }
+
+// theVM is the VM context, which the gRPC callbacks the SDK does not dispatch reach
+// directly (grpc_wasip1.go).
+var theVM = &vmContext{}
 
 func main() {}
 
@@ -135,6 +139,10 @@ type vmContext struct {
 	now func() time.Time
 	// wrapStore, if set, wraps the shared-data store (tests interpose on CAS writes).
 	wrapStore func(ratelimit.Store) ratelimit.Store
+	// grpc, if set, replaces the host's gRPC calls (native tests).
+	grpc grpcHost
+	// calls are the pending rate-limit service calls, by callout id.
+	calls map[uint32]*httpContext
 }
 
 func (vm *vmContext) NewPluginContext(uint32) types.PluginContext {
@@ -142,7 +150,10 @@ func (vm *vmContext) NewPluginContext(uint32) types.PluginContext {
 }
 
 func (vm *vmContext) newPlugin() *pluginContext {
-	p := &pluginContext{now: vm.now, wrapStore: vm.wrapStore}
+	p := &pluginContext{now: vm.now, wrapStore: vm.wrapStore, vm: vm}
+	if vm.calls == nil {
+		vm.calls = map[uint32]*httpContext{}
+	}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -170,6 +181,7 @@ func (*sharedData) Set(key string, value []byte, cas uint32) error {
 
 type pluginContext struct {
 	types.DefaultPluginContext
+	vm        *vmContext
 	now       func() time.Time
 	wrapStore func(ratelimit.Store) ratelimit.Store
 
@@ -179,7 +191,8 @@ type pluginContext struct {
 	loggedErr bool
 	scratch   scratch
 	// strs interns attribute values read per request (see readAttr).
-	strs *intern.Table
+	strs   *intern.Table
+	global globalRuntime
 }
 
 // maxInterned bounds the attribute values kept: past it, values are allocated per request.
@@ -206,6 +219,9 @@ func (p *pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
 	for _, d := range cfg.descriptors {
 		d.start(scope)
 	}
+	if cfg.service != nil {
+		p.global.start(cfg.descriptors)
+	}
 	var store ratelimit.Store = &sharedData{}
 	if p.wrapStore != nil {
 		store = p.wrapStore(store)
@@ -229,14 +245,17 @@ func (p *pluginContext) OnTick() {
 	}
 	now := p.now()
 	for _, d := range p.cfg.descriptors {
+		if d.mode == modeGlobal {
+			continue
+		}
 		for _, b := range d.rt.buckets {
 			p.refresher.Refresh(b.key, b.policy, now)
 		}
 	}
 }
 
-func (p *pluginContext) NewHttpContext(uint32) types.HttpContext {
-	return &httpContext{plugin: p}
+func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
+	return &httpContext{plugin: p, id: contextID}
 }
 
 // outcome is the decision that shapes the response headers.
@@ -249,17 +268,33 @@ type outcome struct {
 type httpContext struct {
 	types.DefaultHttpContext
 	plugin *pluginContext
+	id     uint32 // the stream's context id, made effective again in gRPC callbacks
 	result outcome
-	local  bool // a 429 was sent
+	local  bool // a local reply was sent
+
+	// The global mode: the descriptors asked, the pending call, and the headers the
+	// service asked to add to the response.
+	asked      []asked
+	callout    uint32
+	waiting    bool
+	addHeaders [][2]string
 }
 
 func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	p := h.plugin
 	now := p.now()
 	p.scratch.reset()
+	service := p.askService()
 	for _, d := range p.cfg.descriptors {
+		if d.mode == modeGlobal && !service {
+			continue
+		}
 		b, ok := p.bucketFor(d)
 		if !ok {
+			continue
+		}
+		if d.mode == modeGlobal {
+			h.ask(d, b)
 			continue
 		}
 		req := &p.scratch.req
@@ -276,11 +311,26 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 				h.result = outcome{set: true, shadowed: true, d: dec}
 			}
 		default:
+			// A local denial answers before the service is asked, as Envoy's local rate
+			// limit runs before its global one.
 			h.result = outcome{set: true, d: dec}
-			return h.deny(d, dec)
+			return h.deny(d, dec, nil)
+		}
+		if d.mode == modeBoth && service {
+			h.ask(d, b)
 		}
 	}
+	if len(h.asked) > 0 {
+		return h.call()
+	}
 	return types.ActionContinue
+}
+
+// OnHttpStreamDone cancels a call the stream no longer waits for.
+func (h *httpContext) OnHttpStreamDone() {
+	if h.waiting {
+		h.cancel()
+	}
 }
 
 func (p *pluginContext) count(d *descriptor, b *bucket, dec ratelimit.Decision) {
@@ -305,13 +355,18 @@ func (p *pluginContext) count(d *descriptor, b *bucket, dec ratelimit.Decision) 
 	}
 }
 
-func (h *httpContext) deny(d *descriptor, dec ratelimit.Decision) types.Action {
+// deny answers 429; extra are the rate-limit service's headers, which replace ours of
+// the same name (Envoy lets the service's content-type win on its local reply).
+func (h *httpContext) deny(d *descriptor, dec ratelimit.Decision, extra [][2]string) types.Action {
 	headers := [][2]string{
 		{"content-type", "text/plain; charset=utf-8"},
 		{"x-ratelimit-limit", uitoa(dec.Limit)},
 		{"x-ratelimit-remaining", uitoa(dec.Remaining)},
 		{"x-ratelimit-reset", seconds(dec.Reset)},
 		{"retry-after", seconds(dec.Reset)},
+	}
+	if extra != nil {
+		headers = mergeHeaders(headers, extra)
 	}
 	body := []byte("too many requests: quota " + d.name + " exhausted\n")
 	if err := proxywasm.SendHttpResponse(429, headers, body, -1); err != nil {
@@ -326,6 +381,9 @@ func (h *httpContext) deny(d *descriptor, dec ratelimit.Decision) types.Action {
 // OnHttpResponseHeaders adds the rate limit headers to forwarded responses. Envoy runs a
 // local reply through the response callbacks too; the 429 already has them.
 func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
+	if h.addHeaders != nil && !h.local {
+		h.addServiceHeaders()
+	}
 	r := h.result
 	if h.local || !r.set || !r.shadowed && !h.plugin.cfg.headers {
 		return types.ActionContinue
