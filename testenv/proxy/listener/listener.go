@@ -25,6 +25,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/drain"
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
@@ -39,6 +40,17 @@ type NetworkFilter interface {
 	Start(ctx context.Context)
 	ServeConn(conn net.Conn)
 	Shutdown(ctx context.Context) error
+}
+
+// NetworkFilterFactory builds a network filter that is not terminal (one configured before
+// tcp_proxy or the HTTP connection manager, such as envoy.filters.network.wasm): given the
+// next filter of its chain, it returns the filter that serves the chain's connections.
+type NetworkFilterFactory func(li hcm.ListenerInfo, name string, a *anypb.Any) (func(next NetworkFilter) NetworkFilter, error)
+
+// UpstreamObserver is a downstream connection that is told which upstream its terminal
+// filter chose (tcp_proxy's cluster and connection), for the network filters that wrap it.
+type UpstreamObserver interface {
+	UpstreamChosen(cluster string, up net.Conn)
 }
 
 // SocketSource hands over listening sockets inherited from a previous epoch.
@@ -58,6 +70,8 @@ type Deps struct {
 	MaxConns  int64          // global downstream connection limit; 0: none
 	DrainTime time.Duration
 	Secrets   *sds.Manager // TLS transport sockets' secrets
+	// NetworkFilters are the non-terminal network filters by type URL.
+	NetworkFilters map[string]NetworkFilterFactory
 }
 
 // filterChain is one filter chain with its network filter. It outlives a listener
@@ -216,6 +230,7 @@ func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.
 	c := &filterChain{proto: fc, drain: drain.New(drain.Immediate, 0)}
 	drainers = append(append(drain.Any(nil), drainers...), c.drain)
 	var gates []*rbac.NetworkFilter
+	var wraps []func(NetworkFilter) NetworkFilter
 	for i, f := range fc.GetFilters() {
 		tc := f.GetTypedConfig()
 		if tc == nil {
@@ -250,6 +265,14 @@ func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.
 			}
 			gates = append(gates, g)
 		default:
+			if nf := d.NetworkFilters[tc.GetTypeUrl()]; nf != nil {
+				w, err := nf(li, f.GetName(), tc)
+				if err != nil {
+					return nil, fmt.Errorf("filters[%d] (%s): %w", i, f.GetName(), err)
+				}
+				wraps = append(wraps, w)
+				continue
+			}
 			return nil, fmt.Errorf("filters[%d]: didn't find a registered implementation for '%s' with type URL: '%s'",
 				i, f.GetName(), strings.TrimPrefix(tc.GetTypeUrl(), "type.googleapis.com/"))
 		}
@@ -257,7 +280,10 @@ func buildChain(d Deps, li hcm.ListenerInfo, drainers drain.Any, fc *listenerv3.
 	if c.filter == nil {
 		return nil, errors.New("no network filter")
 	}
-	c.filter = rbac.Gate(c.filter, gates) // RBAC network filters decide before the terminal filter
+	for i := len(wraps) - 1; i >= 0; i-- { // the first configured sees the connection first
+		c.filter = wraps[i](c.filter)
+	}
+	c.filter = rbac.Gate(c.filter, gates) // RBAC network filters decide before the others
 	return c, nil
 }
 

@@ -90,7 +90,8 @@ func (t *tcpProxy) pick() string {
 
 func (t *tcpProxy) ServeConn(conn net.Conn) {
 	t.st.cxTotal.Inc()
-	cl := t.ctx.Clusters.Get(t.pick())
+	name := t.pick()
+	cl := t.ctx.Clusters.Get(name)
 	if cl == nil {
 		t.st.noRoute.Inc()
 		_ = conn.Close()
@@ -132,6 +133,9 @@ func (t *tcpProxy) ServeConn(conn net.Conn) {
 			cl.Stats.Scope().Counter("upstream_cx_connect_attempts_exceeded").Inc()
 			_ = conn.Close()
 			return
+		}
+		if o, ok := conn.(UpstreamObserver); ok {
+			o.UpstreamChosen(name, up)
 		}
 		cl.Stats.UpstreamCxTotal.Inc()
 		cl.Stats.UpstreamCxActive.Inc()

@@ -8,7 +8,8 @@ import (
 	"github.com/wasmesh/wasmesh/wasm/host"
 )
 
-// wasmExtension registers envoy.filters.http.wasm with one Wasm runtime for the process.
+// wasmExtension registers envoy.filters.http.wasm and envoy.filters.network.wasm, with one
+// Wasm runtime for the process.
 func wasmExtension(s *Server) error {
 	n := s.boot.GetNode()
 	node := host.Node{ID: n.GetId(), Cluster: n.GetCluster(), UserAgentName: n.GetUserAgentName(),
@@ -23,6 +24,7 @@ func wasmExtension(s *Server) error {
 		return err
 	}
 	s.registry.Register(wasmfilter.TypeURL, m.Factory)
+	s.networkFilters[wasmfilter.NetworkTypeURL] = m.NetworkFactory
 	return nil
 }
 

@@ -83,9 +83,11 @@ type Server struct {
 	listeners *listener.Manager
 	buffers   *hcm.BufferPool
 	registry  *hcm.Registry
-	admin     *admin.Server
-	adminLis  net.Listener
-	xds       *xdsclient.Client
+	// networkFilters are the non-terminal network filters by type URL (extensions add theirs).
+	networkFilters map[string]listener.NetworkFilterFactory
+	admin          *admin.Server
+	adminLis       net.Listener
+	xds            *xdsclient.Client
 
 	serverDrain  *drain.Drainer
 	inboundDrain *drain.Drainer
@@ -215,9 +217,10 @@ func New(parent context.Context, o Options, exts ...Extension) (*Server, error) 
 	}
 	ctx, cancel := context.WithCancel(parent)
 	s := &Server{opts: o, boot: b, loggers: loggers, log: loggers.For("main"), buffers: hcm.NewBufferPool(1024),
-		store:       stats.NewStore(tags, matcher),
-		registry:    hcm.NewRegistry(),
-		serverDrain: drain.New(strategy, o.DrainTime), inboundDrain: drain.New(strategy, o.DrainTime),
+		store:          stats.NewStore(tags, matcher),
+		registry:       hcm.NewRegistry(),
+		networkFilters: map[string]listener.NetworkFilterFactory{},
+		serverDrain:    drain.New(strategy, o.DrainTime), inboundDrain: drain.New(strategy, o.DrainTime),
 		routes: map[string]*hcm.RouteHandle{}, filters: map[string]*hcm.FilterHandle{},
 		dyn: map[string]map[string]resourceMeta{}, versions: map[string]string{},
 		started: time.Now(), quit: make(chan struct{}), ctx: ctx, cancel: cancel}
@@ -300,6 +303,7 @@ func Validate(o Options) error {
 func (s *Server) listenerDeps() listener.Deps {
 	d := listener.Deps{Store: s.store, Log: s.loggers.For("conn_handler"), Server: s.serverDrain, Inbound: s.inboundDrain,
 		MaxConns: maxConnections(s.boot), DrainTime: s.opts.DrainTime, Secrets: s.secrets,
+		NetworkFilters: s.networkFilters,
 		HCM: func(li hcm.ListenerInfo, drainers drain.Any) *hcm.Context {
 			return &hcm.Context{Store: s.store, Clusters: s.clusters, Log: s.loggers.For("http"), Registry: s.registry,
 				Providers: s, Listener: li, Drain: drainers, AccessLog: s.opts.Stdout, Buffers: s.buffers}
