@@ -15,15 +15,20 @@ import (
 
 // docExample extracts the JSON example from the package documentation, so the example
 // users copy is proven to parse.
-func docExample(t *testing.T) string {
+func docExample(t *testing.T) string { return docExampleAfter(t, "") }
+
+// docExampleAfter is the first JSON example of the package documentation after the line
+// that starts with heading ("": the first example).
+func docExampleAfter(t *testing.T, heading string) string {
 	t.Helper()
 	src, err := os.ReadFile("main.go")
 	require.NoError(t, err)
 	var b strings.Builder
-	in := false
+	in, after := false, heading == ""
 	for _, line := range strings.Split(string(src), "\n") {
+		after = after || strings.HasPrefix(line, heading)
 		switch {
-		case strings.HasPrefix(line, "//\t{"):
+		case after && strings.HasPrefix(line, "//\t{"):
 			in = true
 		case in && !strings.HasPrefix(line, "//\t"):
 			return b.String()

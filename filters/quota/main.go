@@ -1,7 +1,9 @@
-// Command quota is the mesh's local rate limit: a proxy-wasm HTTP filter that charges each
+// Command quota is the mesh's rate limit: a proxy-wasm HTTP filter that charges each
 // request against token buckets (Envoy's local rate limit) or fixed and rolling windows
 // (Istio's memquota), one bucket per descriptor value, shared by every VM of the proxy
-// through shared data, and answers 429 when one runs dry. Build it as a reactor with
+// through shared data, and answers 429 when one runs dry; descriptors in the global mode
+// are decided by a rate-limit service shared by every proxy (Envoy's global rate limit,
+// Istio's redisquota), asked over gRPC. Build it as a reactor with
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o quota.wasm ./quota
 //
@@ -52,11 +54,14 @@
 //   - cas_retries: compare-and-swap retries before failing open (default 5, 0..100).
 //   - tick_period: how often OnTick writes refills to shared data; default the shortest
 //     fill interval, window or slot, within 100ms..1m. Decisions never wait for it.
+//   - rate_limit_service: where descriptors in mode "global" or "both" are decided (see
+//     Global mode); required with them, an error without them.
 //   - descriptors: required, at most 64, evaluated in order.
 //
 // A descriptor (Envoy's descriptor, memquota's quota):
 //
 //   - name: required, unique; the metric tag and part of the key.
+//   - mode: "local" (default), "global" or "both" (see Global mode).
 //   - entries: up to 16 key/value pairs taken from the request; each distinct value
 //     tuple has its own bucket. No entries: one bucket for all requests. An entry whose
 //     value is absent makes the descriptor not apply to the request, unless it has a
@@ -66,7 +71,8 @@
 //     (:authority without the port), "source_principal" (property
 //     connection.uri_san_peer_certificate, the SPIFFE identity under mTLS),
 //     "source_workload" (property downstream_peer.workload, Istio's peer metadata, where
-//     the host publishes it), "property" (with "path": any property). Istio's older
+//     the host publishes it), "property" (with "path": any property), "generic_key"
+//     (with "value": always that value, Envoy's generic_key action). Istio's older
 //     peer metadata header is a "header" source: x-envoy-peer-metadata-id.
 //   - exactly one of token_bucket {max_tokens (required, 0 denies everything),
 //     tokens_per_fill (default 1), fill_interval (required)} and quota {max_amount
@@ -107,7 +113,77 @@
 //	descriptor=.=<name>;.;decision=.=<allowed|denied|shadow_denied>;.;wasmesh_quota_requests_total
 //	descriptor=.=<name>;.;reason=.=<cas_exhausted|store_error>;.;wasmesh_quota_fail_open_total
 //
-// A request allowed by failing open counts in both.
+// A request allowed by failing open counts in both. The global mode adds
+//
+//	descriptor=.=<name>;.;decision=.=<allowed|denied|shadow_denied>;.;wasmesh_quota_global_requests_total
+//	decision=.=<ok|over_limit|error>;.;wasmesh_quota_global_calls_total
+//	reason=.=<timeout|unavailable|grpc_error|bad_response|call_failed>;.;wasmesh_quota_global_errors_total
+//	wasmesh_quota_global_failure_mode_allowed_total
+//	wasmesh_quota_global_cancelled_total
+//
+// per descriptor as the service answered for it, per call (Envoy's ratelimit.ok,
+// over_limit, error and failure_mode_allowed), errors by cause, and calls cancelled because
+// the stream ended first.
+//
+// # Global mode
+//
+// A descriptor in mode "global" is not counted here: its entries, built as in the local
+// mode, go to the rate-limit service, which holds its limit (the service's configuration
+// matches them by key and value; the descriptor's name is only the metric tag here). In
+// mode "both" the descriptor's local bucket is charged first, as Envoy pairs its local and
+// global rate limits: a request it denies gets its 429 at once and the service is not
+// asked; one it allows goes on to the service. Every global descriptor that applies to a
+// request goes in one RateLimitRequest (domain, descriptors, hits_addend 1) to
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit with proxy_grpc_call, and
+// the request waits for the answer:
+//
+//	{
+//	  "rate_limit_service": {
+//	    "cluster": "outbound|8081||ratelimit.wasmesh-system.svc.cluster.local",
+//	    "domain": "mesh",
+//	    "timeout": "20ms",
+//	    "failure_mode_deny": false,
+//	    "status_on_error": 500,
+//	    "request_type": "both"
+//	  },
+//	  "descriptors": [
+//	    {"name": "front", "mode": "global",
+//	     "entries": [{"key": "generic_key", "source": "generic_key", "value": "front"}]},
+//	    {"name": "per_user", "mode": "both",
+//	     "entries": [{"key": "user", "source": "header", "header": "x-user-id"}],
+//	     "token_bucket": {"max_tokens": 20, "tokens_per_fill": 20, "fill_interval": "1s"}}
+//	  ]
+//	}
+//
+// rate_limit_service takes the fields of Envoy's envoy.filters.http.ratelimit that apply
+// to a filter with its own descriptors (its "stage" picks route rate_limits actions, which
+// this filter does not read): cluster (required; the Envoy cluster of the service, HTTP/2),
+// domain (required), timeout (default 20ms, whole milliseconds; "0s" waits as long as the
+// stream does), failure_mode_deny (default false), status_on_error (default 500, the
+// status of a request denied because the service failed), request_type ("internal",
+// "external" or "both", the default: which requests ask the service, by
+// x-envoy-internal: true).
+//
+// A mode "global" descriptor needs at least one entry and takes no token_bucket or
+// quota; its overrides may only set shadow. The answer decides as Envoy's filter does:
+//
+//   - OVER_LIMIT: the descriptors whose status is OVER_LIMIT (all of them if none is) are
+//     denied. Unless all of those are shadow, the request gets the local mode's 429, its
+//     x-ratelimit-limit and -remaining from the first denying descriptor's status
+//     (current_limit.requests_per_unit, limit_remaining) and x-ratelimit-reset and
+//     retry-after from the longest duration_until_reset among them, at least 1s, as
+//     Envoy's retry-after; plus the answer's response_headers_to_add.
+//   - Otherwise (OK, or UNKNOWN, which Envoy takes as OK): the request goes on with the
+//     answer's request_headers_to_add; its response gets response_headers_to_add, and the
+//     x-ratelimit headers as in the local mode, the service's statuses that carry a
+//     current_limit competing with the local buckets for the fewest remaining.
+//   - An error (proxy_grpc_call refused, a gRPC status other than OK, a timeout, an
+//     answer that does not decode): the request goes on and counts as failure mode
+//     allowed, or with failure_mode_deny gets status_on_error.
+//
+// A stream that ends before the answer cancels the call (proxy_grpc_cancel). The answer
+// comes to the root context; the filter finds the stream by the call's id and makes it
+// effective before resuming or answering it.
 package main
 
 import (
