@@ -88,8 +88,9 @@ func New(o Options) (*Store, error) {
 		WriteTimeout:          o.Timeout,
 		ContextTimeoutEnabled: true,
 		// A decision has one chance within its timeout: the failure policy answers, not a retry.
-		MaxRetries: -1,
-		PoolSize:   o.PoolSize,
+		MaxRetries:    -1,
+		DialerRetries: 1,
+		PoolSize:      o.PoolSize,
 	}
 	return &Store{client: redis.NewUniversalClient(uo)}, nil
 }

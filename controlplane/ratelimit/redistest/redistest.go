@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -64,8 +65,8 @@ func freePort(t testing.TB) int {
 
 func (s *Server) start() error {
 	cmd := exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--loglevel", "warning")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--loglevel", "warning",
+		"--logfile", filepath.Join(s.dir, "redis.log"))
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting redis-server: %w", err)
 	}

@@ -76,7 +76,12 @@ func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return le
 
 func (r *rig) write(name, body string) {
 	r.t.Helper()
-	if err := os.WriteFile(filepath.Join(r.dir, name), []byte(body), 0o644); err != nil {
+	// Written aside and renamed in, as a ConfigMap update: the watcher never reads half a file.
+	tmp := filepath.Join(r.dir, ".tmp-"+name)
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(r.dir, name)); err != nil {
 		r.t.Fatal(err)
 	}
 }
@@ -120,3 +125,5 @@ func wantCount(t testing.TB, c *prometheus.CounterVec, name, key string, want in
 		t.Errorf("%s{key=%q} = %d, want %d", name, key, got, want)
 	}
 }
+
+func testFloat(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
