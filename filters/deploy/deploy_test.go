@@ -16,7 +16,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/stretchr/testify/assert"
@@ -255,4 +259,76 @@ func TestMisspeltFieldIsRejected(t *testing.T) {
 	err = protojson.Unmarshal(doc.Spec, &extensions.WasmPlugin{})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "failStrategey")
+}
+
+func TestQuotaGlobalWasmPlugin(t *testing.T) {
+	wp, p := wasmPlugin(t, "quota-global.wasmplugin.yaml")
+	assert.Equal(t, extensions.PluginPhase_AUTHZ, wp.GetPhase())
+	assert.Equal(t, map[string]string{"app": "productpage"}, wp.GetSelector().GetMatchLabels())
+	assert.True(t, p.fail, "the sample fails open, as its global mode does")
+
+	h := start(t, p, productpageNode)
+	// No rate-limit service answers here: the sample's failure policy lets the request go.
+	rep := do(t, h, [2]string{"x-user", "alice"})
+	assert.Equal(t, 200, rep.Status)
+	m, ok := h.Metric("wasmesh_quota_global_failure_mode_allowed_total")
+	require.True(t, ok)
+	assert.Equal(t, int64(1), m.Value)
+}
+
+var productpageNode = map[string]any{
+	"id": "sidecar~127.10.0.5~productpage-v1-5c7f-fghij.default~default.svc.cluster.local",
+	"metadata": map[string]any{
+		"NAME": "productpage-v1-5c7f-fghij", "NAMESPACE": "default", "WORKLOAD_NAME": "productpage-v1",
+		"LABELS": map[string]any{"app": "productpage", "version": "v1"},
+	},
+}
+
+// Envoy's native rate limit filter, attached by EnvoyFilter: the filter passes Envoy's
+// validation, and the virtual host it patches still does once merged into the one Istio
+// generates for the inbound port.
+func TestNativeRateLimitEnvoyFilter(t *testing.T) {
+	var ef networking.EnvoyFilter
+	load(t, "ratelimit.envoyfilter.yaml", &ef)
+	assert.Equal(t, map[string]string{"app": "productpage"}, ef.GetWorkloadSelector().GetLabels())
+	patches := ef.GetConfigPatches()
+	require.Len(t, patches, 2)
+
+	filter := patches[0]
+	assert.Equal(t, networking.EnvoyFilter_HTTP_FILTER, filter.GetApplyTo())
+	assert.Equal(t, networking.EnvoyFilter_Patch_INSERT_BEFORE, filter.GetPatch().GetOperation())
+	assert.Equal(t, "envoy.filters.http.router", filter.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName())
+	value, err := protojson.Marshal(filter.GetPatch().GetValue())
+	require.NoError(t, err)
+	var hf hcmv3.HttpFilter
+	require.NoError(t, protojson.Unmarshal(value, &hf))
+	require.NoError(t, hf.ValidateAll())
+	assert.Equal(t, "envoy.filters.http.ratelimit", hf.GetName())
+	var rl ratelimitv3.RateLimit
+	require.NoError(t, hf.GetTypedConfig().UnmarshalTo(&rl))
+	require.NoError(t, rl.ValidateAll())
+	assert.Equal(t, "wasmesh", rl.GetDomain())
+	assert.False(t, rl.GetFailureModeDeny())
+	assert.Equal(t, 20*time.Millisecond, rl.GetTimeout().AsDuration())
+	assert.Equal(t, corev3.ApiVersion_V3, rl.GetRateLimitService().GetTransportApiVersion())
+	assert.Equal(t, "outbound|8081||ratelimit.default.svc.cluster.local",
+		rl.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName())
+
+	vhost := patches[1]
+	assert.Equal(t, networking.EnvoyFilter_VIRTUAL_HOST, vhost.GetApplyTo())
+	assert.Equal(t, networking.EnvoyFilter_Patch_MERGE, vhost.GetPatch().GetOperation())
+	name := vhost.GetMatch().GetRouteConfiguration().GetVhost().GetName()
+	value, err = protojson.Marshal(vhost.GetPatch().GetValue())
+	require.NoError(t, err)
+	var patch routev3.VirtualHost
+	require.NoError(t, protojson.Unmarshal(value, &patch))
+	merged := &routev3.VirtualHost{Name: name, Domains: []string{"*"}, Routes: []*routev3.Route{{
+		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "inbound|9080||"}}},
+	}}}
+	proto.Merge(merged, &patch)
+	require.NoError(t, merged.ValidateAll())
+	require.Len(t, merged.GetRateLimits(), 2)
+	assert.Equal(t, "front", merged.GetRateLimits()[0].GetActions()[0].GetGenericKey().GetDescriptorValue())
+	assert.Equal(t, "x-user", merged.GetRateLimits()[1].GetActions()[0].GetRequestHeaders().GetHeaderName())
 }
