@@ -157,6 +157,10 @@ func httpHandler(reg *prometheus.Registry, svc *service.Service) http.Handler {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
+		if err := svc.LoadError(); err != nil { // still serving the last good config
+			fmt.Fprintf(w, "ok; the last config change was rejected: %v\n", err)
+			return
+		}
 		fmt.Fprintln(w, "ok")
 	})
 	return mux

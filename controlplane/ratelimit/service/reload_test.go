@@ -2,30 +2,10 @@ package service
 
 import (
 	"context"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
-
-// logBuffer keeps the service's log lines for the test to read.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -42,8 +22,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // bad file is rejected with an error naming it, the path in its document and the reason,
 // and the last good config stays in force for requests; fixing it loads again.
 func TestReloadKeepsLastGoodConfig(t *testing.T) {
-	logs := &logBuffer{}
-	r := newRig(t, map[string]string{"frontend.yaml": frontend}, Options{Log: slog.New(slog.NewTextHandler(logs, nil))})
+	r := newRig(t, map[string]string{"frontend.yaml": frontend}, Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	first := make(chan error, 1)
@@ -71,9 +50,9 @@ func TestReloadKeepsLastGoodConfig(t *testing.T) {
 	if r.svc.Config() != good {
 		t.Fatal("a bad file replaced the config in force")
 	}
-	want := `frontend.yaml: descriptors[4].rate_limit.unit: unknown unit \"fortnight\"`
-	if !strings.Contains(logs.String(), want) {
-		t.Fatalf("the log does not name the file, path and reason (%s):\n%s", want, logs.String())
+	want := `frontend.yaml: descriptors[4].rate_limit.unit: unknown unit "fortnight"`
+	if err := r.svc.LoadError(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the load error does not name the file, path and reason (%s): %v", want, err)
 	}
 	if resp := ask(t, c, "frontend", 0, desc("path", "/p"), desc("path", "/p")); resp.OverallCode != ok || resp.Statuses[1].LimitRemaining != 0 {
 		t.Fatalf("the last good limit of 2 on path is not in force: %v", resp)
@@ -85,6 +64,9 @@ func TestReloadKeepsLastGoodConfig(t *testing.T) {
 	// Fixed: a new limit (3) takes effect.
 	r.write("frontend.yaml", strings.Replace(frontend, "unit: minute, requests_per_unit: 2}", "unit: minute, requests_per_unit: 3}", 1))
 	waitFor(t, "the fixed file loaded", func() bool { return r.svc.Config() != good })
+	if err := r.svc.LoadError(); err != nil {
+		t.Fatalf("load error after the fix: %v", err)
+	}
 	if resp := ask(t, c, "frontend", 0, desc("path", "/q")); resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 3 {
 		t.Fatalf("the fixed config is not in force: %v", resp)
 	}

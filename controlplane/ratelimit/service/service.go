@@ -46,6 +46,8 @@ type Service struct {
 	metrics *Metrics
 	cache   *overCache
 	cfg     atomic.Pointer[config.Config]
+	// loadErr is the last load's error (nil after a good load).
+	loadErr atomic.Pointer[error]
 }
 
 // New returns a Service with an empty config (every descriptor unlimited) until SetConfig.
@@ -95,10 +97,12 @@ func (s *Service) Reload(dir string) error {
 	if err != nil {
 		s.metrics.ConfigLoad.WithLabelValues("error").Inc()
 		s.opts.Log.Error("rate-limit config rejected; the last good config stays in force", "dir", dir, "error", err)
+		s.loadErr.Store(&err)
 		return err
 	}
 	s.metrics.ConfigLoad.WithLabelValues("success").Inc()
 	s.SetConfig(cfg)
+	s.loadErr.Store(nil)
 	s.opts.Log.Info("rate-limit config loaded", "dir", dir, "domains", len(cfg.Domains))
 	return nil
 }
@@ -292,6 +296,14 @@ func (s *Service) judge(d decision, counts []uint64, failed, deny bool, now time
 		}
 	}
 	return st
+}
+
+// LoadError is why the last config load was rejected, or nil when it was good.
+func (s *Service) LoadError() error {
+	if p := s.loadErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // ErrNoConfig is returned by Ready before a config is in force.
