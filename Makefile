@@ -1,8 +1,9 @@
 # wasmesh build, test, bench and run.
 #
 # Everything a fresh machine needs is installed from here: Go modules from the module
-# proxy; Node.js/npm, prometheus and chromium from Debian when missing (the AssemblyScript
-# test fixture; the metrics beside `make run` and in the tests; the mesh page's test).
+# proxy; Node.js/npm, prometheus, chromium and redis-server from Debian when missing (the
+# AssemblyScript test fixture; the metrics beside `make run` and in the tests; the mesh page's
+# test; the rate-limit service's counters in its tests and `make run`).
 
 SHELL := /bin/bash
 GO ?= go
@@ -45,7 +46,8 @@ deps:
 
 # Debian provides what is absent: Node.js and npm build the AssemblyScript fixture;
 # prometheus (with promtool) runs beside `make run` and in the metrics tests; headless
-# chromium loads the mesh page in its test.
+# chromium loads the mesh page in its test; redis-server holds the rate-limit service's
+# counters (controlplane/ratelimit tests, `make run`).
 tools:
 	@command -v npm >/dev/null 2>&1 || { \
 		echo "installing nodejs and npm from Debian"; \
@@ -56,6 +58,9 @@ tools:
 	@command -v chromium >/dev/null 2>&1 || { \
 		echo "installing chromium from Debian"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+	@command -v redis-server >/dev/null 2>&1 || { \
+		echo "installing redis-server from Debian"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
 
 build: deps wasm
 	@mkdir -p $(BIN)
