@@ -37,6 +37,12 @@ var dashboardQueries = []struct {
 		[]string{"source_workload", "destination_workload"}},
 	{"incoming success rate by service", `sum(irate(istio_requests_total{reporter="destination", response_code!~"5.*"}[1m])) by (destination_service) / sum(irate(istio_requests_total{reporter="destination"}[1m])) by (destination_service)`,
 		[]string{"destination_service"}},
+	{"TCP bytes received by destination workload", `sum(irate(istio_tcp_received_bytes_total{reporter="destination"}[1m])) by (destination_workload, destination_workload_namespace)`,
+		[]string{"destination_workload"}},
+	{"TCP bytes sent by source workload and service", `sum(irate(istio_tcp_sent_bytes_total{reporter="source"}[1m])) by (source_workload, destination_service)`,
+		[]string{"source_workload", "destination_service"}},
+	{"TCP connections opened by destination workload", `sum(irate(istio_tcp_connections_opened_total{reporter="destination"}[1m])) by (destination_workload)`,
+		[]string{"destination_workload"}},
 	{"pilot pushes by type", `sum(irate(pilot_xds_pushes[1m])) by (type)`, []string{"type"}},
 	{"pilot connected proxies", `sum(pilot_xds{app="istiod"})`, nil},
 	{"pilot proxy convergence P99", `histogram_quantile(0.99, sum(rate(pilot_proxy_convergence_time_bucket[1m])) by (le))`, nil},
@@ -104,6 +110,16 @@ func TestPrometheusAnswersIstioDashboards(t *testing.T) {
 	}
 	assert.Contains(t, names, "productpage-v1->reviews-v1", "edges: %v", names)
 	assert.Contains(t, names, "reviews-v2->ratings-v1", "edges: %v", names)
+	// ratings keeps its data in mongodb over TCP: its connections, as mongodb's sidecar
+	// reports them, and the service as ratings' sidecar does.
+	tcp, err := prom.Query(ctx, `sum(istio_tcp_connections_closed_total) by (reporter, source_workload, destination_workload, destination_service)`)
+	require.NoError(t, err)
+	var conns []string
+	for _, e := range tcp {
+		conns = append(conns, e.Labels["reporter"]+":"+e.Labels["source_workload"]+"->"+e.Labels["destination_workload"]+"/"+e.Labels["destination_service"])
+	}
+	assert.Contains(t, conns, "destination:unknown->mongodb-v1/unknown", "tcp: %v", conns)
+	assert.Contains(t, conns, "source:ratings-v1->unknown/mongodb.default.svc.cluster.local", "tcp: %v", conns)
 }
 
 // finite says whether every value is a number: a histogram quantile or a ratio over a

@@ -6,6 +6,7 @@
 package echo
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -26,8 +28,13 @@ type Config struct {
 	Service, Version, Pod string
 	// Calls are the URLs called, in order, for every request to "/" (for example
 	// http://reviews.default.svc.cluster.local:9080/). Their answers are embedded in the
-	// response; a failed call makes the response a 502.
+	// response; a failed call makes the response a 502. A tcp://host:port call opens a
+	// connection, sends one line and reads the echo (a database's round trip); its Status
+	// is 200 when the echo came back.
 	Calls []string
+	// TCP serves the line echo protocol instead of HTTP (see ServeTCP): the application is
+	// then a TCP service, such as bookinfo's database.
+	TCP bool
 	// OutboundAddress, when set, is where calls are sent instead of the URL's host: the
 	// sidecar's outbound listeners in a mesh without traffic capture. The URL's host:port
 	// stays the Host header, so the sidecar routes by it.
@@ -82,8 +89,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	for _, c := range urls {
 		u, err := url.Parse(c)
-		if err != nil || u.Scheme != "http" || u.Host == "" {
-			return nil, fmt.Errorf("echo: call %q is not an http:// URL with a host", c)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "tcp") || u.Host == "" {
+			return nil, fmt.Errorf("echo: call %q is not an http:// or tcp:// URL with a host", c)
 		}
 	}
 	if cfg.OutboundAddress != "" && net.ParseIP(cfg.OutboundAddress) == nil {
@@ -95,18 +102,23 @@ func New(cfg Config) (*Server, error) {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 10 * time.Second
 	}
-	tr := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}
-	if cfg.OutboundAddress != "" {
-		d := &net.Dialer{Timeout: 5 * time.Second}
-		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			_, port, err := net.SplitHostPort(addr)
-			if err != nil {
-				return nil, err
-			}
-			return d.DialContext(ctx, network, net.JoinHostPort(cfg.OutboundAddress, port))
+	s := &Server{cfg: cfg}
+	tr := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second, DialContext: s.dial}
+	s.client = &http.Client{Transport: tr, Timeout: cfg.CallTimeout}
+	return s, nil
+}
+
+// dial connects to a call's host, or to the same port on OutboundAddress when set.
+func (s *Server) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	if s.cfg.OutboundAddress != "" {
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
 		}
+		addr = net.JoinHostPort(s.cfg.OutboundAddress, port)
 	}
-	return &Server{cfg: cfg, client: &http.Client{Transport: tr, Timeout: cfg.CallTimeout}}, nil
+	return d.DialContext(ctx, network, addr)
 }
 
 // ServeHTTP answers:
@@ -196,6 +208,9 @@ var propagated = []string{"x-request-id", "x-user", "end-user", "x-b3-traceid", 
 	"x-b3-parentspanid", "x-b3-sampled", "traceparent", "tracestate"}
 
 func (s *Server) call(in *http.Request, target string) CallResult {
+	if host, ok := strings.CutPrefix(target, "tcp://"); ok {
+		return s.callTCP(in, target, strings.TrimSuffix(host, "/"))
+	}
 	res := CallResult{URL: target}
 	req, err := http.NewRequestWithContext(in.Context(), http.MethodGet, target, nil)
 	if err != nil {
@@ -225,6 +240,37 @@ func (s *Server) call(in *http.Request, target string) CallResult {
 	} else if resp.StatusCode != http.StatusOK {
 		res.Error = strings.TrimSpace(string(body))
 	}
+	return res
+}
+
+// callTCP is one round trip of the line echo protocol with addr: a line out, its echo back.
+func (s *Server) callTCP(in *http.Request, target, addr string) CallResult {
+	res := CallResult{URL: target}
+	ctx, cancel := context.WithTimeout(in.Context(), s.cfg.CallTimeout)
+	defer cancel()
+	conn, err := s.dial(ctx, "tcp", addr)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	line := "ping " + in.Header.Get("x-request-id")
+	if _, err := fmt.Fprintln(conn, line); err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	got, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	if !strings.HasSuffix(got, ":"+line+"\n") {
+		res.Error = fmt.Sprintf("tcp echo: got %q for %q", got, line)
+		return res
+	}
+	res.Status = http.StatusOK
 	return res
 }
 
@@ -271,8 +317,11 @@ func (s *Server) Start(ctx context.Context) error {
 }
 
 // Serve runs the application on ln until ctx ends, then stops accepting and lets the
-// requests in flight finish (within grace).
+// requests in flight finish (within grace). With Config.TCP it serves ServeTCP instead.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	if s.cfg.TCP {
+		return s.ServeTCP(ctx, ln, grace)
+	}
 	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -288,4 +337,42 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		return e
 	}
 	return err
+}
+
+// ServeTCP runs the line echo protocol on ln until ctx ends: each line a client sends
+// comes back as "<service>-<version>:<line>". Connections still open then get grace to end.
+func (s *Server) ServeTCP(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	var wg sync.WaitGroup
+	go func() {
+		<-ctx.Done()
+		_ = ln.Close()
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() == nil {
+				return err
+			}
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			sc := bufio.NewScanner(c)
+			for sc.Scan() {
+				s.served.Add(1)
+				if _, err := fmt.Fprintf(c, "%s-%s:%s\n", s.cfg.Service, s.cfg.Version, sc.Text()); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+	}
+	return nil
 }

@@ -199,3 +199,20 @@ func TestStartupCall(t *testing.T) {
 	require.NoError(t, err)
 	assert.ErrorContains(t, failing.Start(context.Background()), "503")
 }
+
+// A TCP application echoes lines; a tcp:// call is one line's round trip, and a call to
+// something that does not echo fails the request.
+func TestTCPServiceAndCalls(t *testing.T) {
+	db := start(t, Config{Service: "mongodb", Version: "v1", TCP: true})
+	front := start(t, Config{Service: "ratings", Calls: []string{"tcp://" + db}})
+	status, a, _ := get(t, "http://"+front+"/", "x-request-id", "r1")
+	assert.Equal(t, 200, status)
+	require.Len(t, a.Upstream, 1)
+	assert.Equal(t, CallResult{URL: "tcp://" + db, Status: 200}, a.Upstream[0])
+
+	notEcho := start(t, Config{Service: "reviews"}) // HTTP: answers a line with a 400
+	front = start(t, Config{Service: "ratings", Calls: []string{"tcp://" + notEcho}})
+	status, a, _ = get(t, "http://"+front+"/")
+	assert.Equal(t, http.StatusBadGateway, status)
+	assert.NotEmpty(t, a.Upstream[0].Error)
+}

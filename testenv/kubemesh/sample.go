@@ -69,10 +69,14 @@ func (m *Mesh) Sample() (*Sample, error) {
 			continue
 		}
 		seen[app] = true
+		// Istio selects the protocol by the port's name: http, or tcp-mongo for the database.
+		port := corev1.ServicePort{Name: "http", Port: samplePort, TargetPort: intstr.FromString("http")}
+		if spec.TCP {
+			port = corev1.ServicePort{Name: "tcp-" + app, Port: int32(spec.Port), TargetPort: intstr.FromString("tcp")}
+		}
 		s.Services = append(s.Services, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: SampleNamespace, Labels: map[string]string{"app": app}},
-			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": app},
-				Ports: []corev1.ServicePort{{Name: "http", Port: samplePort, TargetPort: intstr.FromString("http")}}},
+			Spec:       corev1.ServiceSpec{Selector: map[string]string{"app": app}, Ports: []corev1.ServicePort{port}},
 		})
 	}
 	return s, nil
@@ -129,15 +133,19 @@ func (m *Mesh) deployment(spec localmesh.PodSpec) (*appsv1.Deployment, error) {
 	if spec.StartupCall != "" {
 		args = append(args, "--startupCall="+spec.StartupCall)
 	}
+	portName, probe := "http", corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt(port)}}
+	if spec.TCP {
+		args = append(args, "--tcp")
+		portName, probe = "tcp", corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt(port)}}
+	}
 	tmpl := corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: lbl},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{
 			Name: "app", Image: "wasmesh/echo:latest", Args: args,
 			Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
 				FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
-			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: int32(port)}},
-			ReadinessProbe: &corev1.Probe{PeriodSeconds: 1, ProbeHandler: corev1.ProbeHandler{
-				HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt(port)}}},
+			Ports:          []corev1.ContainerPort{{Name: portName, ContainerPort: int32(port)}},
+			ReadinessProbe: &corev1.Probe{PeriodSeconds: 1, ProbeHandler: probe},
 		}}},
 	}
 	// The injector (the namespace is labelled istio-injection=enabled) adds the sidecar; the

@@ -35,6 +35,8 @@ type PodSpec struct {
 	Annotations map[string]string
 	// Port is the application's container port (a service's targetPort). Default 8080.
 	Port int
+	// TCP makes the application a TCP service (echo's line protocol) rather than HTTP.
+	TCP bool
 	// Calls are the URLs the application calls for every request to "/" (through its
 	// sidecar's outbound listeners), FailEvery and Delay its test knobs, StartupCall a
 	// call it makes once before serving and without which it does not start (package echo).
@@ -364,7 +366,11 @@ func (p *Pod) RotateCertificates() error {
 
 func (p *Pod) startAgent(n int) error {
 	m := p.mesh
-	ports, _ := json.Marshal([]map[string]any{{"name": "http", "containerPort": p.Spec.Port, "protocol": "TCP"}})
+	portName := "http" // Istio's protocol selection by port name
+	if p.Spec.TCP {
+		portName = "tcp"
+	}
+	ports, _ := json.Marshal([]map[string]any{{"name": portName, "containerPort": p.Spec.Port, "protocol": "TCP"}})
 	env := []string{
 		"POD_NAME=" + p.Spec.Name, "POD_NAMESPACE=" + p.Spec.Namespace, "INSTANCE_IP=" + p.IP,
 		"SERVICE_ACCOUNT=" + p.Spec.ServiceAccount,
@@ -422,6 +428,9 @@ func (p *Pod) startApp() error {
 	}
 	if p.Spec.StartupCall != "" {
 		args = append(args, "--startupCall", p.Spec.StartupCall)
+	}
+	if p.Spec.TCP {
+		args = append(args, "--tcp")
 	}
 	if p.Spec.FailEvery > 0 {
 		args = append(args, "--failEvery", strconv.Itoa(p.Spec.FailEvery))

@@ -74,6 +74,7 @@ func command() *cobra.Command {
 	f.StringVar(&cfg.Pod, "pod", os.Getenv("POD_NAME"), "pod name reported in answers (default $POD_NAME)")
 	f.StringArrayVar(&cfg.Calls, "call", nil, "URL to call for every request to / (repeatable)")
 	f.StringVar(&cfg.OutboundAddress, "outboundAddress", "", "send calls to this IP (the sidecar's outbound listeners) instead of the URL's host")
+	f.BoolVar(&cfg.TCP, "tcp", false, "serve the line echo protocol over TCP instead of HTTP (a TCP service)")
 	f.IntVar(&cfg.FailEvery, "failEvery", 0, "answer 503 to every Nth request")
 	f.DurationVar(&cfg.Delay, "delay", 0, "delay every answer")
 	f.StringVar(&cfg.StartupCall, "startupCall", "", "URL called once before serving; the application fails to start if the call fails")
