@@ -80,6 +80,15 @@ func globalRequestsMetric(descriptor, decision string) string {
 	return taggedName("wasmesh_quota_global_requests_total", [2]string{"descriptor", descriptor}, [2]string{"decision", decision})
 }
 
+// globalRequest is a stream's exchange with the service: the descriptors asked, the
+// pending call, and the headers the answer asks to add to the response.
+type globalRequest struct {
+	asked      []asked
+	callout    uint32
+	waiting    bool
+	addHeaders [][2]string
+}
+
 // asked is a descriptor in the pending request, in the order of the request.
 type asked struct {
 	d      *descriptor
@@ -104,11 +113,12 @@ func (p *pluginContext) askService() bool {
 // ask adds the descriptor, with the entries bucketFor just resolved, to the request.
 func (h *httpContext) ask(d *descriptor, b *bucket) {
 	p := h.plugin
-	if len(h.asked) == 0 {
+	if h.global == nil {
+		h.global = &globalRequest{}
 		p.global.req.start(p.cfg.service.domain)
 	}
 	p.global.req.addDescriptor(p.scratch.entries)
-	h.asked = append(h.asked, asked{d: d, shadow: b.shadow})
+	h.global.asked = append(h.global.asked, asked{d: d, shadow: b.shadow})
 }
 
 // call sends the request to the service and pauses the stream until the answer.
@@ -124,14 +134,14 @@ func (h *httpContext) call() types.Action {
 		}
 		return types.ActionContinue
 	}
-	h.callout, h.waiting = id, true
+	h.global.callout, h.global.waiting = id, true
 	p.vm.calls[id] = h
 	return types.ActionPause
 }
 
 // answered takes the service's message (callback; the stream is paused).
 func (h *httpContext) answered(msg []byte, err error) {
-	h.waiting = false
+	h.global.waiting = false
 	p := h.plugin
 	if err := proxywasm.SetEffectiveContext(h.id); err != nil {
 		p.logGlobal("returning to stream %d: %v", h.id, err)
@@ -151,7 +161,7 @@ func (h *httpContext) answered(msg []byte, err error) {
 
 // closed ends a call that got no message (callback; the stream is paused).
 func (h *httpContext) closed(code uint32, message string) {
-	h.waiting = false
+	h.global.waiting = false
 	p := h.plugin
 	if err := proxywasm.SetEffectiveContext(h.id); err != nil {
 		p.logGlobal("returning to stream %d: %v", h.id, err)
@@ -212,12 +222,12 @@ func (h *httpContext) decide(resp *rlsResponse) bool {
 	// Which descriptors are over: those whose status says so; an OVER_LIMIT answer that
 	// names none holds for all.
 	named := false
-	for i := range h.asked {
+	for i := range h.global.asked {
 		named = named || over && i < len(resp.statuses) && resp.statuses[i].code == rlsOverLimit
 	}
 	var deny *descriptor
 	var denial ratelimit.Decision
-	for i, a := range h.asked {
+	for i, a := range h.global.asked {
 		var st rlsStatus
 		if i < len(resp.statuses) {
 			st = resp.statuses[i]
@@ -249,7 +259,7 @@ func (h *httpContext) decide(resp *rlsResponse) bool {
 		}
 	}
 	if deny == nil {
-		h.addHeaders = resp.responseHeaders
+		h.global.addHeaders = resp.responseHeaders
 		for _, kv := range resp.requestHeaders {
 			if err := proxywasm.AddHttpRequestHeader(kv[0], kv[1]); err != nil {
 				h.plugin.logGlobal("adding request header %q: %v", kv[0], err)
@@ -262,17 +272,16 @@ func (h *httpContext) decide(resp *rlsResponse) bool {
 	return h.deny(deny, denial, resp.responseHeaders) == types.ActionPause
 }
 
-// cancel drops the pending call of a stream that ended first.
+// cancel drops the pending call of a stream that ended first; the caller checks that
+// one is pending.
 func (h *httpContext) cancel() {
-	if !h.waiting {
-		return
-	}
-	h.waiting = false
+	g := h.global
+	g.waiting = false
 	p := h.plugin
-	delete(p.vm.calls, h.callout)
+	delete(p.vm.calls, g.callout)
 	p.global.metrics.cancelled.Increment(1)
-	if err := p.vm.host().cancel(h.callout); err != nil {
-		p.logGlobal("cancelling call %d: %v", h.callout, err)
+	if err := p.vm.host().cancel(g.callout); err != nil {
+		p.logGlobal("cancelling call %d: %v", g.callout, err)
 	}
 }
 
@@ -289,7 +298,7 @@ func (p *pluginContext) logGlobal(format string, args ...any) {
 // addServiceHeaders adds the response_headers_to_add of an OK answer to the upstream's
 // response, as Envoy's filter does.
 func (h *httpContext) addServiceHeaders() {
-	for _, kv := range h.addHeaders {
+	for _, kv := range h.global.addHeaders {
 		if err := proxywasm.AddHttpResponseHeader(kv[0], kv[1]); err != nil {
 			h.plugin.logGlobal("adding response header %q: %v", kv[0], err)
 		}

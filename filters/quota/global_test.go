@@ -10,6 +10,7 @@ package main
 import (
 	"testing"
 	"time"
+	"unsafe"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/proxytest"
@@ -368,4 +369,10 @@ func TestGlobalRequestHeadersToAdd(t *testing.T) {
 	e.answer(t, &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		RequestHeadersToAdd: []*corev3.HeaderValue{{Key: "x-ratelimit-tier", Value: "gold"}}})
 	assert.Contains(t, e.host.GetCurrentRequestHeaders(id), [2]string{"x-ratelimit-tier", "gold"})
+}
+
+// The local mode allocates one httpContext per request; the global mode's state must not
+// push it out of the 64-byte size class it had before the global mode.
+func TestHTTPContextStaysSmall(t *testing.T) {
+	assert.LessOrEqual(t, unsafe.Sizeof(httpContext{}), uintptr(64))
 }

@@ -341,19 +341,15 @@ type outcome struct {
 	d        ratelimit.Decision
 }
 
+// httpContext is one stream. Its fields are ordered, and the global mode's kept behind a
+// pointer, so that it stays in the smallest allocation size class for the local mode.
 type httpContext struct {
 	types.DefaultHttpContext
 	plugin *pluginContext
-	id     uint32 // the stream's context id, made effective again in gRPC callbacks
 	result outcome
-	local  bool // a local reply was sent
-
-	// The global mode: the descriptors asked, the pending call, and the headers the
-	// service asked to add to the response.
-	asked      []asked
-	callout    uint32
-	waiting    bool
-	addHeaders [][2]string
+	id     uint32 // the stream's context id, made effective again in gRPC callbacks
+	local  bool   // a local reply was sent
+	global *globalRequest
 }
 
 func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
@@ -396,7 +392,7 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 			h.ask(d, b)
 		}
 	}
-	if len(h.asked) > 0 {
+	if h.global != nil {
 		return h.call()
 	}
 	return types.ActionContinue
@@ -404,7 +400,7 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 
 // OnHttpStreamDone cancels a call the stream no longer waits for.
 func (h *httpContext) OnHttpStreamDone() {
-	if h.waiting {
+	if h.global != nil && h.global.waiting {
 		h.cancel()
 	}
 }
@@ -457,7 +453,7 @@ func (h *httpContext) deny(d *descriptor, dec ratelimit.Decision, extra [][2]str
 // OnHttpResponseHeaders adds the rate limit headers to forwarded responses. Envoy runs a
 // local reply through the response callbacks too; the 429 already has them.
 func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
-	if h.addHeaders != nil && !h.local {
+	if h.global != nil && !h.local {
 		h.addServiceHeaders()
 	}
 	r := h.result
