@@ -25,11 +25,18 @@ type Server struct {
 	cmd  *exec.Cmd
 	// exited delivers cmd.Wait's result.
 	exited chan error
+	// extra are the arguments after the common ones (a mode).
+	extra func(s *Server) []string
 }
 
 // Start runs redis-server for the test and stops it at cleanup. Without redis-server on
 // PATH the test is skipped (failed when WASMESH_REQUIRE_FIXTURES is set, as in `make test`).
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return start(t, nil)
+}
+
+func start(t testing.TB, extra func(s *Server) []string) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		msg := "redis-server is not on PATH (`make tools` installs Debian's redis-server)"
@@ -38,7 +45,7 @@ func Start(t testing.TB) *Server {
 		}
 		t.Skip(msg)
 	}
-	s := &Server{t: t, dir: t.TempDir()}
+	s := &Server{t: t, dir: t.TempDir(), extra: extra}
 	var err error
 	for range 5 { // a free port may be taken between finding it and redis binding it
 		s.port = freePort(t)
@@ -64,9 +71,16 @@ func freePort(t testing.TB) int {
 }
 
 func (s *Server) start() error {
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--loglevel", "warning",
-		"--logfile", filepath.Join(s.dir, "redis.log"))
+	var args []string
+	if s.extra != nil {
+		args = s.extra(s)
+	}
+	args = append(args, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
+		"--loglevel", "warning", "--logfile", filepath.Join(s.dir, "redis.log"))
+	if s.extra == nil {
+		args = append(args, "--save", "", "--appendonly", "no")
+	}
+	cmd := exec.Command("redis-server", args...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting redis-server: %w", err)
 	}
@@ -186,4 +200,59 @@ func (s *Server) do(args ...string) (string, error) {
 		return string(buf[:n]), nil
 	}
 	return line[1:], nil
+}
+
+// StartCluster runs a Redis Cluster of n masters (no replicas), the slots split evenly, and
+// waits until every node reports cluster_state:ok.
+func StartCluster(t testing.TB, n int) []*Server {
+	t.Helper()
+	nodes := make([]*Server, n)
+	for i := range nodes {
+		nodes[i] = start(t, func(s *Server) []string {
+			return []string{"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
+				"--save", "", "--appendonly", "no"}
+		})
+	}
+	const slots = 16384
+	for i, s := range nodes {
+		s.Do("CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(i*slots/n), strconv.Itoa((i+1)*slots/n-1))
+		if i > 0 {
+			nodes[0].Do("CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(s.port))
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range nodes {
+		for !strings.Contains(s.Do("CLUSTER", "INFO"), "cluster_state:ok") {
+			if time.Now().After(deadline) {
+				t.Fatalf("redis cluster node %s not ok after 20 s:\n%s", s.Addr, s.Do("CLUSTER", "INFO"))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nodes
+}
+
+// StartSentinel runs a Sentinel (redis-server --sentinel) watching master under name, and
+// waits until it knows the master.
+func StartSentinel(t testing.TB, master *Server, name string) *Server {
+	t.Helper()
+	s := start(t, func(s *Server) []string {
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\n", name, master.port)
+		if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return []string{conf, "--sentinel"}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := s.do("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name)
+		if err == nil && out == "2" { // an array of host and port
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sentinel %s does not know master %s: %q %v", s.Addr, name, out, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
