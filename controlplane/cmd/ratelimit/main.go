@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
 	"github.com/wasmesh/wasmesh/controlplane/ratelimit/redisstore"
@@ -84,6 +86,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(grpcAd
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(logOut, nil))
+	redis.SetLogger(redisLog{log})
 	store, err := redisstore.New(f.redis)
 	if err != nil {
 		return err
@@ -147,6 +150,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(grpcAd
 		hs.Close()
 	}
 	return err
+}
+
+// redisLog puts go-redis's own messages (a failed dial) in the service's log.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "go-redis: "+strings.TrimSpace(fmt.Sprintf(format, v...)))
 }
 
 func httpHandler(reg *prometheus.Registry, svc *service.Service) http.Handler {
