@@ -57,6 +57,46 @@ type Domain struct {
 // descriptor) or "key" (the key-only default).
 type node struct {
 	children map[string]*descriptor
+	// wildcards are the children whose value holds a '*' (any run of characters), tried in
+	// the file's order after the exact key_value and before the key-only child.
+	wildcards []wildcard
+}
+
+type wildcard struct {
+	key   string
+	parts []string // the value split at '*'
+	d     *descriptor
+}
+
+// match reports whether value has the pattern's parts in order, the first at its start and
+// the last at its end.
+func (w *wildcard) match(value string) bool {
+	first, last := w.parts[0], w.parts[len(w.parts)-1]
+	if !strings.HasPrefix(value, first) {
+		return false
+	}
+	rest := value[len(first):]
+	for _, p := range w.parts[1 : len(w.parts)-1] {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(p):]
+	}
+	return strings.HasSuffix(rest, last)
+}
+
+// child is the descriptor an entry leads to: key_value, then a wildcard value, then key.
+func (n *node) child(e Entry) *descriptor {
+	if d := n.children[e.Key+"_"+e.Value]; d != nil {
+		return d
+	}
+	for i := range n.wildcards {
+		if w := &n.wildcards[i]; w.key == e.Key && w.match(e.Value) {
+			return w.d
+		}
+	}
+	return n.children[e.Key]
 }
 
 type descriptor struct {
@@ -94,7 +134,8 @@ type Entry struct{ Key, Value string }
 // Find returns the limit for a request descriptor of domain, or nil when none applies (an
 // unknown domain, or no configured descriptor at exactly the request's depth). Matching
 // follows Envoy's reference service: at each level a descriptor naming the entry's key and
-// value wins over the key-only one; the limit is the one of the descriptor reached by the
+// value wins, then one whose value has wildcards ('*', in the file's order), then the
+// key-only one; each value matched by a wildcard keeps its own counter; the limit is the one of the descriptor reached by the
 // request's last entry.
 func (c *Config) Find(domain string, entries []Entry) *Match {
 	d := c.Domains[domain]
@@ -103,10 +144,7 @@ func (c *Config) Find(domain string, entries []Entry) *Match {
 	}
 	level := &d.root
 	for i, e := range entries {
-		next := level.children[e.Key+"_"+e.Value]
-		if next == nil {
-			next = level.children[e.Key]
-		}
+		next := level.child(e)
 		if next == nil {
 			return nil
 		}

@@ -199,6 +199,9 @@ func (p *parser) level(v any, at, keyPrefix string, n *node) error {
 			return err
 		}
 		n.children[name] = d
+		if strings.Contains(value, "*") {
+			n.wildcards = append(n.wildcards, wildcard{key: key, parts: strings.Split(value, "*"), d: d})
+		}
 	}
 	return nil
 }
