@@ -220,14 +220,15 @@ func (v *vm) nextGRPCToken() uint32 {
 }
 
 func (vc *vmCall) proxyGRPCCall(ctx context.Context, s []uint64) Status {
-	req, st := vc.grpcRequest(s)
-	if st != StatusOK {
-		return st
-	}
 	v := vc.vm
 	p := v.p
 	if p.env.GRPCCalls == nil {
+		// The embedder has no gRPC support, whatever the arguments.
 		return StatusUnimplemented
+	}
+	req, st := vc.grpcRequest(s)
+	if st != StatusOK {
+		return st
 	}
 	token := v.nextGRPCToken()
 	callCtx, cancel := context.WithCancelCause(p.ctx)
@@ -236,14 +237,20 @@ func (vc *vmCall) proxyGRPCCall(ctx context.Context, s []uint64) Status {
 	pc.cancelCause = cancel
 	v.grpcCalls[token] = pc
 	finish := func(resp *GRPCCallResponse, err error) {
+		first := false
 		pc.once.Do(func() {
+			first = true
 			if err == nil {
 				cancel(context.Canceled)
 			} else {
 				cancel(err)
 			}
-			v.in.post(func() { v.deliverGRPCCall(token, pc, grpcOutcome(resp, err)) })
 		})
+		// Outside the Once: post may run the delivery right here, and a callback that
+		// cancels the call takes the Once too.
+		if first {
+			v.in.post(func() { v.deliverGRPCCall(token, pc, grpcOutcome(resp, err)) })
+		}
 	}
 	if req.Timeout > 0 {
 		pc.stop = p.env.Clock.AfterFunc(req.Timeout, func() { finish(nil, ErrGRPCCallTimeout) })

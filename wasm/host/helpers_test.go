@@ -139,9 +139,15 @@ type fixture struct {
 
 func newFixture(tb testing.TB, guest string, cfg PluginConfig, env Environment) *fixture {
 	tb.Helper()
+	return newFixtureOf(tb, guest, guestWasm(tb, guest), cfg, env)
+}
+
+// newFixtureOf is newFixture for a module built elsewhere.
+func newFixtureOf(tb testing.TB, guest string, wasm []byte, cfg PluginConfig, env Environment) *fixture {
+	tb.Helper()
 	ctx := context.Background()
 	rt := newRuntime(tb)
-	mod, err := rt.Compile(ctx, guestWasm(tb, guest))
+	mod, err := rt.Compile(ctx, wasm)
 	require.NoError(tb, err)
 	logs := &logRecorder{}
 	if env.Logger == nil {

@@ -2,7 +2,8 @@
 // wasip1 module, so wasmesh's host is tested against the SDK the filters use (memory the
 // host allocates in the guest, results read back, arguments encoded), also for the calls
 // the mesh's filters do not make. The request header x-op picks what to do; results come
-// back as response headers. The loop-* ops time single calls (BenchmarkHostCall).
+// back as response headers. The loop-* ops time single calls (BenchmarkHostCall); the
+// grpc* ops make proxy_grpc_call to the service the plugin configuration names (grpc.go).
 package main
 
 import (
@@ -26,10 +27,18 @@ func (*vmContext) NewPluginContext(uint32) types.PluginContext { return &pluginC
 
 type pluginContext struct{ types.DefaultPluginContext }
 
-func (*pluginContext) NewHttpContext(uint32) types.HttpContext { return &httpContext{} }
+func (*pluginContext) OnPluginStart(int) types.OnPluginStartStatus {
+	if !loadConfig() {
+		return types.OnPluginStartStatusFailed
+	}
+	return types.OnPluginStartStatusOK
+}
+
+func (*pluginContext) NewHttpContext(id uint32) types.HttpContext { return &httpContext{id: id} }
 
 type httpContext struct {
 	types.DefaultHttpContext
+	id       uint32
 	op       string
 	retained string
 	out      [][2]string
@@ -92,6 +101,12 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 		n, _ := proxywasm.GetHttpRequestHeader("x-n")
 		count, _ := strconv.Atoi(n)
 		loop(h.op, count)
+		return types.ActionContinue
+	}
+	if strings.HasPrefix(h.op, "grpc") {
+		if h.grpcStart() {
+			return types.ActionPause
+		}
 		return types.ActionContinue
 	}
 	switch h.op {
