@@ -61,7 +61,8 @@ type Message struct {
 	Reference string `json:"reference,omitempty"`
 	Message   string `json:"message"`
 
-	level Level
+	level     Level
+	namespace string // of the config at fault
 }
 
 // Severity is the message's level.
@@ -89,13 +90,24 @@ type Result struct {
 type Options struct {
 	// SkipModules does not fetch WasmPlugin modules (no network).
 	SkipModules bool
+	// Cluster, when set, is the live cluster's state the files are analyzed over: a file's
+	// config replaces the cluster's of the same kind, namespace and name, as istioctl's.
+	Cluster *Cluster
+	// Namespace, with a Cluster, keeps the messages about configs of that namespace only
+	// (istioctl's -n; "": every namespace, -A). Every namespace is read still: a route
+	// may name another's host.
+	Namespace string
 }
 
-// Paths analyzes files and directories (read as discovery's --configDir reads them). A
-// path that cannot be read is an error; a bad document is a finding.
+// Paths analyzes files and directories (read as discovery's --configDir reads them), over
+// opts.Cluster when set. A path that cannot be read is an error; a bad document is a
+// finding.
 func Paths(paths []string, opts Options) (*Result, error) {
 	res := &Result{}
 	in := &input{}
+	if opts.Cluster != nil {
+		in.addCluster(opts.Cluster)
+	}
 	for _, p := range paths {
 		fi, err := os.Stat(p)
 		if err != nil {
@@ -117,7 +129,13 @@ func Paths(paths []string, opts Options) (*Result, error) {
 		}
 	}
 	res.ParseErrors = in.parseErrors
+	if opts.Cluster != nil {
+		in.overrideCluster()
+	}
 	res.Messages = dedupe(append(in.problems, check(in, opts)...))
+	if opts.Cluster != nil && opts.Namespace != "" {
+		res.Messages = filter(res.Messages, func(m Message) bool { return m.namespace == opts.Namespace })
+	}
 	sort.SliceStable(res.Messages, func(i, j int) bool {
 		a, b := res.Messages[i], res.Messages[j]
 		if a.level != b.level {
@@ -157,8 +175,11 @@ func (d *doc) origin() string { return fmt.Sprintf("%s %s", d.cfg.Kind, d.name()
 func (d *doc) name() string { return d.cfg.Namespace + "/" + d.cfg.Name }
 
 // ref is file:line of the first line of the document holding key: value (value may be
-// quoted; empty: any), else of the document.
+// quoted; empty: any), else of the document; "" for a cluster's object (no file).
 func (d *doc) ref(key, value string) string {
+	if d.file == "" {
+		return ""
+	}
 	line := d.start
 	if key != "" {
 		pattern := `(^|[\s{,-])` + regexp.QuoteMeta(key) + `:`
@@ -182,8 +203,13 @@ type input struct {
 	byKind      map[config.Kind][]*doc
 	problems    []Message
 	parseErrors []string
-	// kubeServices are the input's Kubernetes Services.
-	kubeServices []*corev1.Service
+	// kubeServices are the input's Kubernetes Services: the cluster's first (the first
+	// clusterServices), then the files'.
+	kubeServices    []*corev1.Service
+	clusterServices int
+	// cluster says the input holds a live cluster's state: pods are its running pods.
+	cluster bool
+	pods    []*corev1.Pod
 }
 
 // kubeService reads a document as a Kubernetes Service, nil when it is not one.
@@ -229,7 +255,7 @@ func (in *input) add(file string, data []byte) {
 		}
 		m := newMessage(Error, "IST0106", "Schema validation error: %s", fieldError(d.Err))
 		if d.Key != nil {
-			m.Origin = fmt.Sprintf("%s %s/%s", d.Key.Kind, d.Key.Namespace, d.Key.Name)
+			m.Origin, m.namespace = d.Key.String(), d.Key.Namespace
 		}
 		m.Reference = at.ref(lastField(d.Err.Field), "")
 		in.problems = append(in.problems, m)

@@ -98,10 +98,15 @@ func newMesh(in *input) *mesh {
 			m.services = append(m.services, &service{host: resolve(h, d.cfg.Namespace), namespace: d.cfg.Namespace, instances: inst})
 		}
 	}
+	for _, p := range in.pods {
+		m.workloads = append(m.workloads, instance{namespace: p.Namespace, labels: p.Labels})
+	}
 	for _, svc := range in.kubeServices {
-		// Its pods are not in the input: only its selector's labels are known.
+		// Offline its pods are not in the input: only its selector's labels are known.
 		var inst []instance
-		if len(svc.Spec.Selector) > 0 {
+		if in.cluster {
+			inst = podInstances(in.pods, svc)
+		} else if len(svc.Spec.Selector) > 0 {
 			inst = append(inst, instance{namespace: svc.Namespace, labels: svc.Spec.Selector, partial: true})
 			m.workloads = append(m.workloads, inst...)
 		}
@@ -175,7 +180,7 @@ func (m *mesh) virtualServices() []Message {
 }
 
 func at(d *doc, key, value string, m Message) Message {
-	m.Origin, m.Reference = d.origin(), d.ref(key, value)
+	m.Origin, m.Reference, m.namespace = d.origin(), d.ref(key, value), d.cfg.Namespace
 	return m
 }
 

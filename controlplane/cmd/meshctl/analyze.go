@@ -41,7 +41,8 @@ func usageError(err error) error { return &exitError{exitUsage, err} }
 // analyzeCommand is istioctl analyze over files and directories.
 func analyzeCommand() *cobra.Command {
 	var output, failure, shown string
-	var skipModules bool
+	var skipModules, useKube, allNamespaces bool
+	var kf kubeFlags
 	cmd := &cobra.Command{
 		Use:   "analyze FILE|DIR...",
 		Short: "Check Istio configuration offline, as istioctl analyze does",
@@ -55,15 +56,23 @@ imports nothing (WSM0001), an EnvoyFilter that patches nothing (WSM0002), Destin
 discovery merges that set one thing twice (WSM0003), a WasmPlugin whose module cannot be
 read or fetched or fails its sha256 (WSM0004). A Kubernetes Service in the input is a host
 routes may name (its pods, unknown offline, may have any label its selector does not
-contradict); other Kubernetes objects are skipped. --kubernetes (reading a cluster) is not
-offered.
+contradict); other Kubernetes objects are skipped.
+
+With --kubernetes (-k, --use-kube) the live cluster is analyzed, as istioctl analyze's
+default: its Istio objects (read as discovery's Kubernetes source reads them), Services and
+running Pods (a subset must select one of a Service's pods). Files given too are analyzed
+over the cluster's configuration: a file's config replaces the cluster's of the same kind,
+namespace and name. Every namespace is read; the messages are those of --namespace (the
+context's, else default) or, with -A, of all. A cluster's object has no file:line.
 
 Exit codes, istioctl's: 0 when nothing reaches --failure-threshold, 79 when something does
 (with the log output, as istioctl: -o json|yaml exits 0), 65 when a document is not YAML,
 64 for a bad command line, 1 for other errors (an unreadable path).`,
 		Example: `  meshctl analyze configs/
   meshctl analyze vs.yaml dr.yaml --failure-threshold Warning
-  meshctl analyze configs/ -o json`,
+  meshctl analyze configs/ -o json
+  meshctl analyze --kubernetes -n shop
+  meshctl analyze -k -A new-route.yaml --kubeconfig ~/.kube/config`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			failAt, err := analyze.ParseLevel(failure)
 			if err != nil {
@@ -76,16 +85,23 @@ Exit codes, istioctl's: 0 when nothing reaches --failure-threshold, 79 when some
 			if output != "log" && output != "json" && output != "yaml" {
 				return usageError(fmt.Errorf("--output %q: want log, json or yaml", output))
 			}
-			res, err := analyze.Paths(args, analyze.Options{SkipModules: skipModules})
+			opts := analyze.Options{SkipModules: skipModules}
+			target := ""
+			if useKube {
+				if opts.Cluster, opts.Namespace, target, err = readCluster(cmd, &kf, allNamespaces); err != nil {
+					return err
+				}
+			}
+			res, err := analyze.Paths(args, opts)
 			if err != nil {
 				return err
 			}
-			return printAnalysis(cmd, res, output, failAt, showAt)
+			return printAnalysis(cmd, res, output, target, failAt, showAt)
 		},
 	}
 	cmd.Args = func(_ *cobra.Command, args []string) error {
-		if len(args) == 0 {
-			return usageError(errors.New("give the files or directories to analyze"))
+		if len(args) == 0 && !useKube {
+			return usageError(errors.New("give the files or directories to analyze, or --kubernetes"))
 		}
 		return nil
 	}
@@ -95,10 +111,37 @@ Exit codes, istioctl's: 0 when nothing reaches --failure-threshold, 79 when some
 	f.StringVar(&failure, "failure-threshold", "Error", "the level at which a finding gives a non-zero exit code: Info, Warning, Error")
 	f.StringVar(&shown, "output-threshold", "Info", "the level from which findings are printed: Info, Warning, Error")
 	f.BoolVar(&skipModules, "skip-wasm-fetch", false, "do not read or fetch WasmPlugin modules")
+	f.BoolVarP(&useKube, "use-kube", "k", false, "analyze the live cluster (files given too are applied over it)")
+	f.BoolVar(&useKube, "kubernetes", false, "the same as --use-kube")
+	f.BoolVarP(&allNamespaces, "all-namespaces", "A", false, "with --kubernetes: the messages of every namespace")
+	kf.add(cmd)
 	return cmd
 }
 
-func printAnalysis(cmd *cobra.Command, res *analyze.Result, output string, failAt, showAt analyze.Level) error {
+// readCluster reads the cluster for analyze --kubernetes: its state, the namespace whose
+// messages are shown ("" with -A) and how istioctl names that target.
+func readCluster(cmd *cobra.Command, kf *kubeFlags, all bool) (*analyze.Cluster, string, string, error) {
+	cfg, err := kf.restConfig()
+	if err != nil {
+		return nil, "", "", err
+	}
+	ns, target := "", "all namespaces"
+	if !all {
+		if ns, err = kf.ns(); err != nil {
+			return nil, "", "", err
+		}
+		target = "namespace: " + ns
+	}
+	c, err := analyze.ReadCluster(cmd.Context(), cfg)
+	if err != nil {
+		return nil, "", "", fmt.Errorf("reading the cluster at %s: %w", cfg.Host, err)
+	}
+	return c, ns, target, nil
+}
+
+// printAnalysis prints the findings as istioctl does; target names the cluster analyzed
+// ("namespace: default"), "" offline.
+func printAnalysis(cmd *cobra.Command, res *analyze.Result, output, target string, failAt, showAt analyze.Level) error {
 	shown := []analyze.Message{}
 	failed := false
 	for _, m := range res.Messages {
@@ -128,16 +171,27 @@ func printAnalysis(cmd *cobra.Command, res *analyze.Result, output string, failA
 	if len(res.ParseErrors) > 0 {
 		fmt.Fprintf(cmd.ErrOrStderr(), "Error(s) adding files:\n  - %s\n", strings.Join(res.ParseErrors, "\n  - "))
 	}
+	analyzed := strings.Join(res.Files, ", ")
+	if target != "" {
+		analyzed = strings.TrimSuffix(target+", "+analyzed, ", ")
+	}
 	if len(shown) == 0 {
 		what := "files"
-		if n := len(res.ParseErrors); n > 0 {
-			what = fmt.Sprintf("files (but %d documents could not be parsed)", n)
+		if target != "" {
+			what = target
 		}
-		fmt.Fprintf(cmd.ErrOrStderr(), "\u2714 No validation issues found when analyzing %s:\n  - %s\n", what, strings.Join(res.Files, "\n  - "))
+		if n := len(res.ParseErrors); n > 0 {
+			what = fmt.Sprintf("%s (but %d documents could not be parsed)", what, n)
+		}
+		if len(res.Files) == 0 {
+			fmt.Fprintf(cmd.ErrOrStderr(), "\u2714 No validation issues found when analyzing %s.\n", what)
+		} else {
+			fmt.Fprintf(cmd.ErrOrStderr(), "\u2714 No validation issues found when analyzing %s:\n  - %s\n", what, strings.Join(res.Files, "\n  - "))
+		}
 	}
 	switch {
 	case failed:
-		return &exitError{exitFoundIssues, errors.New("analyzers found issues when analyzing " + strings.Join(res.Files, ", "))}
+		return &exitError{exitFoundIssues, errors.New("analyzers found issues when analyzing " + analyzed)}
 	case len(res.ParseErrors) > 0:
 		return &exitError{exitDataError, errors.New("some files couldn't be parsed")}
 	}
