@@ -1,0 +1,80 @@
+package localmesh
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// Crashes, for the tests that kill processes as an OOM killer or a node fault would:
+// SIGKILL, no drain, no goodbye.
+
+// KillDiscovery kills discovery with SIGKILL and waits until it is gone; StartDiscovery
+// brings it back.
+func (m *Mesh) KillDiscovery() {
+	m.mu.Lock()
+	p := m.discovery
+	m.mu.Unlock()
+	if p != nil {
+		p.Kill()
+	}
+}
+
+// KillAgent kills the pod's agent alone with SIGKILL (its proxy goes with it, as a
+// container's processes do: the agent starts the proxy with a parent-death signal) and
+// waits until it is gone. The application keeps running.
+func (p *Pod) KillAgent() {
+	a := p.Agent()
+	if a == nil {
+		return
+	}
+	_ = a.Signal(syscall.SIGKILL)
+	<-a.Done()
+}
+
+// ProxyPid is the pid of the proxy the pod's agent runs (its child process).
+func (p *Pod) ProxyPid() (int, error) {
+	a := p.Agent()
+	if a == nil {
+		return 0, fmt.Errorf("localmesh: pod %s has no agent", p.Spec.Name)
+	}
+	kids, err := children(a.Pid())
+	if err != nil {
+		return 0, err
+	}
+	if len(kids) != 1 {
+		return 0, fmt.Errorf("localmesh: pod %s: the agent has %d child processes, want its proxy alone", p.Spec.Name, len(kids))
+	}
+	return kids[0], nil
+}
+
+// children lists the processes whose parent is pid, from /proc.
+func children(pid int) ([]int, error) {
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after its last ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(pid) {
+			continue
+		}
+		if child, err := strconv.Atoi(filepath.Base(filepath.Dir(f))); err == nil {
+			out = append(out, child)
+		}
+	}
+	return out, nil
+}
