@@ -47,6 +47,8 @@ type Options struct {
 	Start time.Time
 	// HTTPCalls answers the guest's HTTP calls; nil makes every cluster unknown.
 	HTTPCalls HTTPCallHandler
+	// GRPCCalls answers the guest's gRPC calls; nil makes every cluster unknown.
+	GRPCCalls GRPCCallHandler
 	// ForeignFunctions are offered to the guest.
 	ForeignFunctions map[string]host.ForeignFunction
 	// Logger, if set, also receives the plugin's logs.
@@ -94,10 +96,15 @@ func ByCluster(answers map[string]HTTPCallAnswer) HTTPCallHandler {
 }
 
 // HTTPCallRecord is one HTTP call the guest made and how it ended.
-type HTTPCallRecord struct {
-	Request  host.HTTPCallRequest   `json:"request"`
-	Response *host.HTTPCallResponse `json:"response,omitempty"`
-	// Err is set for a failed call (timeout, reset).
+type HTTPCallRecord = CallRecord[host.HTTPCallRequest, host.HTTPCallResponse]
+
+// CallRecord is one HTTP or gRPC call the guest made and how it ended.
+type CallRecord[Req, Resp any] struct {
+	Request  Req   `json:"request"`
+	Response *Resp `json:"response,omitempty"`
+	// Err is set for a call that ended without an answer: a timeout
+	// (host.ErrHTTPCallTimeout, host.ErrGRPCCallTimeout), a cancel by the guest
+	// (host.ErrGRPCCallCancelled), host.ErrClosed, or the failure the answer asked for.
 	Err error `json:"-"`
 	// Pending reports that the call has not ended.
 	Pending bool `json:"pending,omitempty"`
@@ -106,8 +113,8 @@ type HTTPCallRecord struct {
 }
 
 // MarshalJSON includes the error text.
-func (c HTTPCallRecord) MarshalJSON() ([]byte, error) {
-	type plain HTTPCallRecord
+func (c CallRecord[Req, Resp]) MarshalJSON() ([]byte, error) {
+	type plain CallRecord[Req, Resp]
 	msg := ""
 	if c.Err != nil {
 		msg = c.Err.Error()
@@ -120,10 +127,42 @@ func (c HTTPCallRecord) MarshalJSON() ([]byte, error) {
 
 // settle records how the host ended a call the upstream never answered (its context is
 // cancelled with the reason, e.g. host.ErrHTTPCallTimeout). Called with h.mu held.
-func (c *HTTPCallRecord) settle() {
+func (c *CallRecord[Req, Resp]) settle() {
 	if c.Pending && c.ctx.Err() != nil {
 		c.Pending = false
 		c.Err = context.Cause(c.ctx)
+	}
+}
+
+// end records the answer, unless the host ended the call first.
+func (c *CallRecord[Req, Resp]) end(h *Harness, resp *Resp, err error) {
+	h.mu.Lock()
+	c.settle()
+	if c.Pending {
+		c.Pending, c.Response, c.Err = false, resp, err
+	}
+	h.mu.Unlock()
+}
+
+// settled copies records, settled, for a report. Called with h.mu held.
+func settled[Req, Resp any](recs []*CallRecord[Req, Resp]) []CallRecord[Req, Resp] {
+	var out []CallRecord[Req, Resp]
+	for _, c := range recs {
+		c.settle()
+		out = append(out, *c)
+	}
+	return out
+}
+
+// schedule runs deliver after delay of virtual time (at once for 0), or never when the
+// call has no answer.
+func (h *Harness) schedule(answered bool, delay time.Duration, deliver func()) {
+	switch {
+	case !answered:
+	case delay > 0:
+		h.clock.AfterFunc(delay, deliver)
+	default:
+		deliver()
 	}
 }
 
@@ -136,8 +175,8 @@ type LogEntry struct {
 	Instance int    `json:"instance"`
 }
 
-// Harness is a loaded plugin with a virtual clock, an HTTP call "upstream" and a log and
-// call recorder. Safe for concurrent use; Do calls on different workers run in parallel,
+// Harness is a loaded plugin with a virtual clock, an HTTP and gRPC call "upstream" and a
+// log and call recorder. Safe for concurrent use; Do calls on different workers run in parallel,
 // although their reports' logs and calls then interleave.
 type Harness struct {
 	opts   Options
@@ -146,9 +185,10 @@ type Harness struct {
 	plugin *host.Plugin
 	clock  *host.ManualClock
 
-	mu    sync.Mutex
-	logs  []LogEntry
-	calls []*HTTPCallRecord
+	mu        sync.Mutex
+	logs      []LogEntry
+	calls     []*HTTPCallRecord
+	grpcCalls []*GRPCCallRecord
 }
 
 // New loads opts.Wasm and starts the plugin.
@@ -186,6 +226,7 @@ func New(ctx context.Context, opts Options) (*Harness, error) {
 		Clock:            h.clock,
 		Logger:           slog.New(handler),
 		HTTPCalls:        host.HTTPCallDispatcherFunc(h.dispatch),
+		GRPCCalls:        host.GRPCCallDispatcherFunc(h.dispatchGRPC),
 		Properties:       opts.Properties,
 		ForeignFunctions: opts.ForeignFunctions,
 	}
@@ -250,12 +291,7 @@ func (h *Harness) Logs() []LogEntry {
 func (h *Harness) HTTPCalls() []HTTPCallRecord {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]HTTPCallRecord, len(h.calls))
-	for i, c := range h.calls {
-		c.settle()
-		out[i] = *c
-	}
-	return out
+	return settled(h.calls)
 }
 
 // Metrics returns every metric of the plugin.
@@ -297,29 +333,14 @@ func (h *Harness) dispatch(ctx context.Context, req *host.HTTPCallRequest, done 
 	h.mu.Lock()
 	h.calls = append(h.calls, rec)
 	h.mu.Unlock()
-	finish := func(resp *host.HTTPCallResponse, err error) {
-		h.mu.Lock()
-		rec.settle()
-		if rec.Pending {
-			rec.Pending, rec.Response, rec.Err = false, resp, err
-		}
-		h.mu.Unlock()
-		done(resp, err)
-	}
-	deliver := func() {
+	h.schedule(ans.Response != nil || ans.Fail, ans.Delay, func() {
+		resp, err := ans.Response, error(nil)
 		if ans.Fail {
-			finish(nil, errors.New("harness: http call reset"))
-			return
+			resp, err = nil, errors.New("harness: http call reset")
 		}
-		finish(ans.Response, nil)
-	}
-	switch {
-	case ans.Response == nil && !ans.Fail:
-	case ans.Delay > 0:
-		h.clock.AfterFunc(ans.Delay, deliver)
-	default:
-		deliver()
-	}
+		rec.end(h, resp, err)
+		done(resp, err)
+	})
 	return nil
 }
 

@@ -144,10 +144,11 @@ type Report struct {
 	Stalled Phase `json:"stalled,omitempty"`
 	// Failures are the guest failures that affected this request.
 	Failures []*host.Failure `json:"failures,omitempty"`
-	// Logs and HTTPCalls are those produced while the request ran (including ticks that
-	// fired meanwhile).
+	// Logs, HTTPCalls and GRPCCalls are those produced while the request ran (including
+	// ticks that fired meanwhile).
 	Logs      []LogEntry       `json:"logs,omitempty"`
 	HTTPCalls []HTTPCallRecord `json:"httpCalls,omitempty"`
+	GRPCCalls []GRPCCallRecord `json:"grpcCalls,omitempty"`
 	// Metrics and SharedData are snapshots taken after the request.
 	Metrics    []host.MetricSnapshot `json:"metrics,omitempty"`
 	SharedData map[string][]byte     `json:"sharedData,omitempty"`
@@ -241,7 +242,7 @@ var phaseNames = [...]Phase{PhaseRequestHeaders, PhaseRequestBody, PhaseRequestT
 // replaces the response directly, or resets the stream once the response headers went on.
 func (h *Harness) Do(ctx context.Context, req Request) (*Report, error) {
 	h.mu.Lock()
-	logMark, callMark := len(h.logs), len(h.calls)
+	logMark, callMark, grpcMark := len(h.logs), len(h.calls), len(h.grpcCalls)
 	h.mu.Unlock()
 
 	if req.Info.StartTime.IsZero() {
@@ -265,10 +266,8 @@ func (h *Harness) Do(ctx context.Context, req Request) (*Report, error) {
 
 	h.mu.Lock()
 	r.rep.Logs = append([]LogEntry(nil), h.logs[logMark:]...)
-	for _, c := range h.calls[callMark:] {
-		c.settle()
-		r.rep.HTTPCalls = append(r.rep.HTTPCalls, *c)
-	}
+	r.rep.HTTPCalls = settled(h.calls[callMark:])
+	r.rep.GRPCCalls = settled(h.grpcCalls[grpcMark:])
 	h.mu.Unlock()
 	r.rep.Metrics = h.Metrics()
 	r.rep.SharedData = h.SharedData()
