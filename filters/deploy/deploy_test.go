@@ -10,11 +10,13 @@ package deploy_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +25,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -267,13 +270,97 @@ func TestQuotaGlobalWasmPlugin(t *testing.T) {
 	assert.Equal(t, map[string]string{"app": "productpage"}, wp.GetSelector().GetMatchLabels())
 	assert.True(t, p.fail, "the sample fails open, as its global mode does")
 
-	h := start(t, p, productpageNode)
-	// No rate-limit service answers here: the sample's failure policy lets the request go.
-	rep := do(t, h, [2]string{"x-user", "alice"})
-	assert.Equal(t, 200, rep.Status)
+	// A stand-in for the service on the sample's cluster: over the limit from the fourth
+	// request on.
+	var mu sync.Mutex
+	var asked []*rlsv3.RateLimitRequest
+	service := func(req *host.GRPCCallRequest) harness.GRPCCallAnswer {
+		if req.Cluster != "outbound|8081||ratelimit.default.svc.cluster.local" {
+			return harness.GRPCCallAnswer{UnknownCluster: true}
+		}
+		var in rlsv3.RateLimitRequest
+		if err := proto.Unmarshal(req.Message, &in); err != nil {
+			return harness.GRPCError(3, err.Error())
+		}
+		mu.Lock()
+		asked = append(asked, &in)
+		resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+		if len(asked) > 3 {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		mu.Unlock()
+		b, err := proto.Marshal(resp)
+		if err != nil {
+			return harness.GRPCError(13, err.Error())
+		}
+		return harness.GRPCRespond(b)
+	}
+	h := wasmtest.Harness(t, p.filter, harness.Options{GRPCCalls: service,
+		Plugin:     host.PluginConfig{Name: p.name, Configuration: p.config, FailOpen: p.fail},
+		Properties: map[string]any{"node": productpageNode}})
+	var got []int
+	for range 4 {
+		got = append(got, do(t, h, [2]string{"x-user", "alice"}).Status)
+	}
+	assert.Equal(t, []int{200, 200, 200, 429}, got)
+
+	// The sample asks what Envoy's native filter, configured by ratelimit.envoyfilter.yaml,
+	// asks for the same request: one service configuration serves both.
+	filter, vhost := nativeRateLimit(t)
+	require.NotEmpty(t, asked)
+	assert.Equal(t, filter.GetDomain(), asked[0].GetDomain())
+	assert.Equal(t, nativeDescriptors(vhost, map[string]string{"x-user": "alice"}), descriptorsOf(asked[0]))
+
+	// Without the service, the sample's failure policy lets requests go.
+	h = start(t, p, productpageNode)
+	assert.Equal(t, 200, do(t, h, [2]string{"x-user", "alice"}).Status)
 	m, ok := h.Metric("wasmesh_quota_global_failure_mode_allowed_total")
 	require.True(t, ok)
 	assert.Equal(t, int64(1), m.Value)
+}
+
+func descriptorsOf(req *rlsv3.RateLimitRequest) [][][2]string {
+	var out [][][2]string
+	for _, d := range req.GetDescriptors() {
+		var entries [][2]string
+		for _, e := range d.GetEntries() {
+			entries = append(entries, [2]string{e.GetKey(), e.GetValue()})
+		}
+		out = append(out, entries)
+	}
+	return out
+}
+
+// nativeDescriptors evaluates the virtual host's rate_limits actions the way Envoy does
+// for a request with these headers: a generic_key action gives its key (default
+// "generic_key") and value; a request_headers action gives the header's value, and a
+// rate limit with an absent header gives no descriptor.
+func nativeDescriptors(vhost *routev3.VirtualHost, headers map[string]string) [][][2]string {
+	var out [][][2]string
+	for _, rl := range vhost.GetRateLimits() {
+		var entries [][2]string
+		complete := true
+		for _, a := range rl.GetActions() {
+			switch {
+			case a.GetGenericKey() != nil:
+				key := a.GetGenericKey().GetDescriptorKey()
+				if key == "" {
+					key = "generic_key"
+				}
+				entries = append(entries, [2]string{key, a.GetGenericKey().GetDescriptorValue()})
+			case a.GetRequestHeaders() != nil:
+				v, ok := headers[a.GetRequestHeaders().GetHeaderName()]
+				complete = complete && ok
+				entries = append(entries, [2]string{a.GetRequestHeaders().GetDescriptorKey(), v})
+			default:
+				panic(fmt.Sprintf("action %v is not evaluated here", a))
+			}
+		}
+		if complete {
+			out = append(out, entries)
+		}
+	}
+	return out
 }
 
 var productpageNode = map[string]any{
@@ -284,10 +371,12 @@ var productpageNode = map[string]any{
 	},
 }
 
-// Envoy's native rate limit filter, attached by EnvoyFilter: the filter passes Envoy's
-// validation, and the virtual host it patches still does once merged into the one Istio
-// generates for the inbound port.
-func TestNativeRateLimitEnvoyFilter(t *testing.T) {
+// nativeRateLimit checks ratelimit.envoyfilter.yaml, Envoy's native rate limit filter
+// attached by EnvoyFilter: the filter passes Envoy's validation, and the virtual host it
+// patches still does once merged into the one Istio generates for the inbound port. It
+// returns the filter and the merged virtual host.
+func nativeRateLimit(t *testing.T) (*ratelimitv3.RateLimit, *routev3.VirtualHost) {
+	t.Helper()
 	var ef networking.EnvoyFilter
 	load(t, "ratelimit.envoyfilter.yaml", &ef)
 	assert.Equal(t, map[string]string{"app": "productpage"}, ef.GetWorkloadSelector().GetLabels())
@@ -307,12 +396,6 @@ func TestNativeRateLimitEnvoyFilter(t *testing.T) {
 	var rl ratelimitv3.RateLimit
 	require.NoError(t, hf.GetTypedConfig().UnmarshalTo(&rl))
 	require.NoError(t, rl.ValidateAll())
-	assert.Equal(t, "wasmesh", rl.GetDomain())
-	assert.False(t, rl.GetFailureModeDeny())
-	assert.Equal(t, 20*time.Millisecond, rl.GetTimeout().AsDuration())
-	assert.Equal(t, corev3.ApiVersion_V3, rl.GetRateLimitService().GetTransportApiVersion())
-	assert.Equal(t, "outbound|8081||ratelimit.default.svc.cluster.local",
-		rl.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName())
 
 	vhost := patches[1]
 	assert.Equal(t, networking.EnvoyFilter_VIRTUAL_HOST, vhost.GetApplyTo())
@@ -328,7 +411,19 @@ func TestNativeRateLimitEnvoyFilter(t *testing.T) {
 	}}}
 	proto.Merge(merged, &patch)
 	require.NoError(t, merged.ValidateAll())
-	require.Len(t, merged.GetRateLimits(), 2)
-	assert.Equal(t, "front", merged.GetRateLimits()[0].GetActions()[0].GetGenericKey().GetDescriptorValue())
-	assert.Equal(t, "x-user", merged.GetRateLimits()[1].GetActions()[0].GetRequestHeaders().GetHeaderName())
+	return &rl, merged
+}
+
+func TestNativeRateLimitEnvoyFilter(t *testing.T) {
+	rl, vhost := nativeRateLimit(t)
+	assert.Equal(t, "wasmesh", rl.GetDomain())
+	assert.False(t, rl.GetFailureModeDeny())
+	assert.Equal(t, 20*time.Millisecond, rl.GetTimeout().AsDuration())
+	assert.Equal(t, corev3.ApiVersion_V3, rl.GetRateLimitService().GetTransportApiVersion())
+	assert.Equal(t, "outbound|8081||ratelimit.default.svc.cluster.local",
+		rl.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName())
+	assert.Equal(t, [][][2]string{{{"generic_key", "front"}}, {{"user", "bob"}}},
+		nativeDescriptors(vhost, map[string]string{"x-user": "bob"}))
+	assert.Equal(t, [][][2]string{{{"generic_key", "front"}}}, nativeDescriptors(vhost, nil),
+		"without x-user the per-user descriptor is not sent")
 }
