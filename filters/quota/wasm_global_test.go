@@ -160,7 +160,9 @@ func TestWasmGlobalShadowDescriptor(t *testing.T) {
 func TestWasmGlobalFailurePolicy(t *testing.T) {
 	generic := `"descriptors": [{"name": "d", "mode": "global", "entries": [{"key": "generic_key", "source": "generic_key", "value": "x"}]}]`
 	never := func(*host.GRPCCallRequest) harness.GRPCCallAnswer { return harness.GRPCCallAnswer{} }
-	fail := func(*host.GRPCCallRequest) harness.GRPCCallAnswer { return harness.GRPCCallAnswer{Fail: true, Delay: time.Millisecond} }
+	fail := func(*host.GRPCCallRequest) harness.GRPCCallAnswer {
+		return harness.GRPCCallAnswer{Fail: true, Delay: time.Millisecond}
+	}
 	for name, tc := range map[string]struct {
 		service string
 		calls   harness.GRPCCallHandler
