@@ -2,8 +2,9 @@
 // host.Runtime per process, one host.Plugin per distinct plugin configuration (shared by
 // every listener that uses it, with --concurrency VM instances), module code from a local
 // file, inline bytes or a remote URL checked against its sha256 (fetched once and
-// cached), fail_open, the stream properties the mesh's filters read, and the filters'
-// metrics exported through the proxy's stats store.
+// cached), fail_open, the stream properties the mesh's filters read, the filters'
+// metrics exported through the proxy's stats store, and the filters' HTTP and unary gRPC
+// calls carried to the proxy's clusters.
 package wasmfilter
 
 import (
@@ -89,7 +90,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	}
 	m := &Manager{ctx: ctx, opts: o, rt: rt, metrics: host.NewMetrics(), code: map[string][]byte{}, plugins: map[string]*host.Plugin{}}
 	m.env = host.Environment{Logger: o.Log, Properties: map[string]any{"node": o.Node.Property()},
-		HTTPCalls: host.HTTPCallDispatcherFunc(m.dispatch)}
+		HTTPCalls: host.HTTPCallDispatcherFunc(m.dispatch), GRPCCalls: host.GRPCCallDispatcherFunc(m.dispatchGRPC)}
 	o.Store.AddExternal(m.external)
 	go func() {
 		<-ctx.Done()

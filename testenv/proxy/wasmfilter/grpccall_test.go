@@ -1,0 +1,267 @@
+package wasmfilter
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
+	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
+	"github.com/wasmesh/wasmesh/wasm/host"
+	"github.com/wasmesh/wasmesh/wasm/wasmbuild"
+)
+
+// healthService is a real gRPC server (the standard health service) on a loopback
+// listener. Its interceptor echoes the x-echo metadata into a header and a trailer,
+// records each call's deadline and, for calls with x-sleep, holds the call until the
+// client goes away and reports how its context ended.
+type healthService struct {
+	addr string
+
+	mu        sync.Mutex
+	deadlines []time.Duration // time left at arrival; -1 without a deadline
+	arrived   chan string     // the x-sleep value of each call that has it
+	ended     chan sleepEnd   // how each x-sleep call's context ended
+}
+
+type sleepEnd struct {
+	tag string
+	err error
+}
+
+func startHealthService(t *testing.T) *healthService {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs := &healthService{addr: lis.Addr().String(), arrived: make(chan string, 4), ended: make(chan sleepEnd, 4)}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(hs.intercept))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return hs
+}
+
+func (hs *healthService) intercept(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	left := time.Duration(-1)
+	if d, ok := ctx.Deadline(); ok {
+		left = time.Until(d)
+	}
+	hs.mu.Lock()
+	hs.deadlines = append(hs.deadlines, left)
+	hs.mu.Unlock()
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get("x-echo"); len(v) > 0 {
+		_ = grpc.SetHeader(ctx, metadata.Pairs("x-echo", v[0]))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-echo-t", v[0]))
+	}
+	if tag := md.Get("x-sleep"); len(tag) > 0 {
+		hs.arrived <- tag[0]
+		<-ctx.Done()
+		hs.ended <- sleepEnd{tag[0], ctx.Err()}
+		return nil, ctx.Err()
+	}
+	return handler(ctx, req)
+}
+
+// staticCluster is a STATIC cluster with one endpoint, speaking HTTP/2 when h2.
+func staticCluster(t *testing.T, name, addr string, h2 bool) *clusterv3.Cluster {
+	host, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	p, err := net.LookupPort("tcp", port)
+	require.NoError(t, err)
+	cl := &clusterv3.Cluster{Name: name, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout: durationpb.New(time.Second),
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}}}}}}}}}}}
+	if h2 {
+		opts, err := anypb.New(&httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}})
+		require.NoError(t, err)
+		cl.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": opts}
+	}
+	require.NoError(t, cl.ValidateAll())
+	return cl
+}
+
+// grpcProxy is meshproxy's Wasm manager with clusters "rls" (the health service over
+// HTTP/2), "rls-h1" (the same over HTTP/1.1 only) and "down" (a closed port), and the
+// sdkguest plugin calling "rls" with the given timeout.
+func grpcProxy(t *testing.T, hs *healthService, timeoutMs string) (*Manager, *host.Plugin) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	log := slog.New(slog.DiscardHandler)
+	store := stats.NewStore(nil, nil)
+	clusters := upstream.NewManager(ctx, store, log)
+	t.Cleanup(clusters.Close)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	downAddr := closed.Addr().String()
+	require.NoError(t, closed.Close())
+	for _, cl := range []*clusterv3.Cluster{staticCluster(t, "rls", hs.addr, true),
+		staticCluster(t, "rls-h1", hs.addr, false), staticCluster(t, "down", downAddr, true)} {
+		require.NoError(t, clusters.AddOrUpdate(cl, "v1", true))
+	}
+	m, err := New(ctx, Options{Store: store, Clusters: clusters, Log: log})
+	require.NoError(t, err)
+	art, err := wasmbuild.Build(ctx, "../../../filters/internal/sdkguest", wasmbuild.Options{})
+	require.NoError(t, err)
+	wasm, err := art.Bytes()
+	require.NoError(t, err)
+	mod, err := m.rt.Compile(ctx, wasm)
+	require.NoError(t, err)
+	cfg := `{"grpc": {"target": "rls", "grpcService": true, "authority": "rls.test",
+		"service": "grpc.health.v1.Health", "method": "Check", "timeoutMs": ` + timeoutMs + `}}`
+	p, err := m.rt.NewPlugin(ctx, mod, host.PluginConfig{Name: "sdk", Configuration: []byte(cfg),
+		CallbackTimeout: time.Minute}, m.env)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	return m, p
+}
+
+// grpcExchange runs one request with the grpc op through the plugin and returns the
+// response headers the guest wrote once the call ended.
+func grpcExchange(t *testing.T, p *host.Plugin, op string, extra ...[2]string) *host.Headers {
+	t.Helper()
+	ctx := context.Background()
+	resumed := make(chan host.Signal, 4)
+	s, err := p.NewHTTPStream(ctx, host.StreamOptions{OnSignal: func(sig host.Signal) { resumed <- sig }})
+	require.NoError(t, err)
+	defer s.Finish(ctx)
+	h := host.NewHeaders(append([][2]string{{":method", "GET"}, {":path", "/"}, {":authority", "a"}, {"x-op", op}}, extra...)...)
+	if res := s.OnRequestHeaders(ctx, h, true); res.Action == host.Pause {
+		select {
+		case sig := <-resumed:
+			require.Equal(t, host.SignalContinue, sig.Kind)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the call never ended")
+		}
+	}
+	resp := host.NewHeaders([2]string{":status", "200"})
+	s.OnResponseHeaders(ctx, resp, true)
+	return resp
+}
+
+func header(h *host.Headers, k string) string {
+	v, _ := h.Get(k)
+	return v
+}
+
+func healthRequest(t *testing.T, service string) string {
+	b, err := proto.Marshal(&healthpb.HealthCheckRequest{Service: service})
+	require.NoError(t, err)
+	return string(b)
+}
+
+// proxy_grpc_call through meshproxy's cluster manager to a real gRPC server over HTTP/2:
+// the answer with its metadata, an error status (a trailers-only answer), the timeout
+// sent as grpc-timeout and enforced by the host (DEADLINE_EXCEEDED), and UNAVAILABLE for
+// a closed port and for a cluster without HTTP/2.
+func TestGRPCCallToARealServer(t *testing.T) {
+	hs := startHealthService(t)
+	_, p := grpcProxy(t, hs, "300")
+	serving, err := proto.Marshal(&healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING})
+	require.NoError(t, err)
+
+	h := grpcExchange(t, p, "grpc", [2]string{"x-grpc-md", "x-echo=hi"})
+	trace := strings.Split(header(h, "x-grpc-trace"), "|")
+	require.Len(t, trace, 4, header(h, "x-grpc-trace"))
+	assert.True(t, strings.HasPrefix(trace[0], "imd("), trace[0])
+	assert.Contains(t, trace[0], "content-type=application/grpc")
+	assert.Contains(t, trace[0], "x-echo=hi")
+	assert.Equal(t, "msg(2:"+string(serving)+":0:0)", trace[1])
+	assert.Contains(t, trace[2], "x-echo-t=hi")
+	assert.Contains(t, trace[2], "grpc-status=0")
+	assert.Equal(t, "close(0:0::buf=1)", trace[3])
+	hs.mu.Lock()
+	left := hs.deadlines[0]
+	hs.mu.Unlock()
+	assert.True(t, left > 0 && left <= 300*time.Millisecond, "grpc-timeout gave the server a deadline of %v", left)
+
+	// An unknown service: NOT_FOUND with grpc-message, no message delivered.
+	h = grpcExchange(t, p, "grpc", [2]string{"x-grpc-message", healthRequest(t, "nope")})
+	trace = strings.Split(header(h, "x-grpc-trace"), "|")
+	assert.Equal(t, "close(5:5:unknown service:buf=1)", trace[len(trace)-1], header(h, "x-grpc-trace"))
+	assert.NotContains(t, header(h, "x-grpc-trace"), "msg(")
+
+	// The server holds the call: the host times it out after 300 ms; the server's own
+	// context (deadline from grpc-timeout, or the stream reset) ends too.
+	start := time.Now()
+	h = grpcExchange(t, p, "grpc", [2]string{"x-grpc-md", "x-sleep=1"})
+	assert.Equal(t, "close(4:4:timeout:buf=1)", header(h, "x-grpc-trace"))
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	select {
+	case end := <-hs.ended:
+		assert.Error(t, end.err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server's call never ended")
+	}
+
+	for target, want := range map[string]string{
+		"down":   "close(14:14:",
+		"rls-h1": "close(14:14:cluster rls-h1 is not configured for HTTP/2",
+	} {
+		h = grpcExchange(t, p, "grpc", [2]string{"x-grpc-target", target})
+		assert.True(t, strings.HasPrefix(header(h, "x-grpc-trace"), want), "%s: %s", target, header(h, "x-grpc-trace"))
+	}
+	h = grpcExchange(t, p, "grpc", [2]string{"x-grpc-target", "no-such-cluster"})
+	assert.Equal(t, "2", header(h, "x-grpc-call"))
+	assert.Empty(t, header(h, "x-grpc-trace"))
+}
+
+// A pending call is reset upstream when the guest's plugin closes; a call the guest
+// cancels gets no callback.
+func TestGRPCCallCancelResetsTheServerCall(t *testing.T) {
+	hs := startHealthService(t)
+	_, p := grpcProxy(t, hs, "0")
+	h := grpcExchange(t, p, "grpc-cancel", [2]string{"x-grpc-md", "x-sleep=cancelled"})
+	assert.Equal(t, "0,1,1", header(h, "x-grpc-cancel"))
+	assert.Empty(t, header(h, "x-grpc-trace"))
+
+	ctx := context.Background()
+	s, err := p.NewHTTPStream(ctx, host.StreamOptions{})
+	require.NoError(t, err)
+	res := s.OnRequestHeaders(ctx, host.NewHeaders([2]string{":method", "GET"}, [2]string{":path", "/"},
+		[2]string{":authority", "a"}, [2]string{"x-op", "grpc"}, [2]string{"x-grpc-md", "x-sleep=pending"}), true)
+	require.Equal(t, host.Pause, res.Action)
+	// The cancelled call above may or may not have reached the server first.
+	deadline := time.After(5 * time.Second)
+	for arrived := ""; arrived != "pending"; {
+		select {
+		case arrived = <-hs.arrived:
+		case <-deadline:
+			t.Fatal("the call never reached the server")
+		}
+	}
+	require.NoError(t, p.Close(ctx))
+	for {
+		select {
+		case end := <-hs.ended:
+			if end.tag == "pending" {
+				assert.ErrorIs(t, end.err, context.Canceled)
+				return
+			}
+		case <-deadline:
+			t.Fatal("closing the plugin did not reset the server's call")
+		}
+	}
+}
