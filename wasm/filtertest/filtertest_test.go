@@ -42,6 +42,23 @@ func TestKitchenScenarioPasses(t *testing.T) {
 	assert.Contains(t, out.String(), "4 of 4 passed")
 }
 
+// gRPC calls answered by the scenario, per cluster: a message after a delay, an error
+// status, no answer (the guest's timeout), a failure, an unknown cluster.
+func TestGRPCScenarioPasses(t *testing.T) {
+	s, err := Load(filepath.Join("testdata", "grpc.yaml"))
+	require.NoError(t, err)
+	art, err := wasmbuild.Build(context.Background(), filepath.Join("..", "..", "filters", "internal", "sdkguest"), wasmbuild.Options{})
+	require.NoError(t, err)
+	s.Wasm = art.Path
+	res := Run(context.Background(), nil, s)
+	var out bytes.Buffer
+	res.Write(&out, true)
+	t.Log(out.String())
+	require.NoError(t, res.Err)
+	assert.True(t, res.Passed())
+	assert.Contains(t, out.String(), "5 of 5 passed")
+}
+
 // Every kind of expectation reports a mismatch, naming the field, the got and the want.
 func TestMismatchesAreReported(t *testing.T) {
 	s := loadKitchen(t)
@@ -105,15 +122,18 @@ func TestExpectStartError(t *testing.T) {
 
 func TestBadScenarios(t *testing.T) {
 	for name, tc := range map[string]struct{ yaml, want string }{
-		"unknown field":    {"wasm: x.wasm\nplugin: {nmae: y}\ncases: [{name: a}]\n", `unknown field "nmae"`},
-		"no wasm":          {"cases: [{name: a}]\n", "wasm: the module to load is required"},
-		"no cases":         {"wasm: x.wasm\n", "cases: at least one case is required"},
-		"unnamed case":     {"wasm: x.wasm\ncases: [{request: {path: /}}]\n", "cases[0].name: required"},
-		"duplicate name":   {"wasm: x.wasm\ncases: [{name: a}, {name: a}]\n", `cases[1].name: "a" is used by an earlier case`},
-		"worker range":     {"wasm: x.wasm\ncases: [{name: a, worker: 1}]\n", "cases[0] (a).worker: 1 is out of range, the plugin has 1 instance(s)"},
-		"bad duration":     {"wasm: x.wasm\ncases: [{name: a, advance: soon}]\n", `duration "soon"`},
-		"start with cases": {"wasm: x.wasm\nplugin: {expectStartError: x}\ncases: [{name: a}]\n", "cannot have cases"},
-		"call both":        {"wasm: x.wasm\nhttpCalls: {c: {noAnswer: true, fail: true}}\ncases: [{name: a}]\n", "httpCalls.c: noAnswer and fail exclude each other"},
+		"unknown field":     {"wasm: x.wasm\nplugin: {nmae: y}\ncases: [{name: a}]\n", `unknown field "nmae"`},
+		"no wasm":           {"cases: [{name: a}]\n", "wasm: the module to load is required"},
+		"no cases":          {"wasm: x.wasm\n", "cases: at least one case is required"},
+		"unnamed case":      {"wasm: x.wasm\ncases: [{request: {path: /}}]\n", "cases[0].name: required"},
+		"duplicate name":    {"wasm: x.wasm\ncases: [{name: a}, {name: a}]\n", `cases[1].name: "a" is used by an earlier case`},
+		"worker range":      {"wasm: x.wasm\ncases: [{name: a, worker: 1}]\n", "cases[0] (a).worker: 1 is out of range, the plugin has 1 instance(s)"},
+		"bad duration":      {"wasm: x.wasm\ncases: [{name: a, advance: soon}]\n", `duration "soon"`},
+		"start with cases":  {"wasm: x.wasm\nplugin: {expectStartError: x}\ncases: [{name: a}]\n", "cannot have cases"},
+		"call both":         {"wasm: x.wasm\nhttpCalls: {c: {noAnswer: true, fail: true}}\ncases: [{name: a}]\n", "httpCalls.c: noAnswer and fail exclude each other"},
+		"grpc both":         {"wasm: x.wasm\ngrpcCalls: {c: {noAnswer: true, fail: true}}\ncases: [{name: a}]\n", "grpcCalls.c: noAnswer and fail exclude each other"},
+		"grpc two messages": {"wasm: x.wasm\ngrpcCalls: {c: {message: a, messageBase64: YQ==}}\ncases: [{name: a}]\n", "grpcCalls.c: message and messageBase64 exclude each other"},
+		"grpc base64":       {"wasm: x.wasm\ngrpcCalls: {c: {messageBase64: '!!'}}\ncases: [{name: a}]\n", "grpcCalls.c.messageBase64: illegal base64"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))

@@ -2,6 +2,7 @@ package filtertest
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"maps"
@@ -129,7 +130,28 @@ func (s *Scenario) options(wasm []byte, rt *host.Runtime) harness.Options {
 		}
 		opts.HTTPCalls = harness.ByCluster(answers)
 	}
+	if len(s.GRPCCalls) > 0 {
+		answers := make(map[string]harness.GRPCCallAnswer, len(s.GRPCCalls))
+		for cluster, a := range s.GRPCCalls {
+			answers[cluster] = a.answer()
+		}
+		opts.GRPCCalls = harness.GRPCByCluster(answers)
+	}
 	return opts
+}
+
+func (a GRPCAnswer) answer() harness.GRPCCallAnswer {
+	out := harness.GRPCCallAnswer{Delay: time.Duration(a.Delay), Fail: a.Fail}
+	if a.NoAnswer || a.Fail {
+		return out
+	}
+	msg := []byte(a.Message)
+	if a.MessageBase64 != "" {
+		msg, _ = base64.StdEncoding.DecodeString(a.MessageBase64) // checked by validate
+	}
+	out.Response = &host.GRPCCallResponse{Message: msg, Status: a.Status, StatusMessage: a.StatusMessage,
+		InitialMetadata: pairs(a.InitialMetadata), TrailingMetadata: pairs(a.TrailingMetadata)}
+	return out
 }
 
 func (a CallAnswer) answer() harness.HTTPCallAnswer {

@@ -6,6 +6,7 @@ package filtertest
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +32,10 @@ type Scenario struct {
 	// HTTPCalls answers the filter's http_call by cluster name; calls to other clusters
 	// are rejected as an unknown cluster.
 	HTTPCalls map[string]CallAnswer `json:"httpCalls,omitempty"`
+	// GRPCCalls answers the filter's grpc_call by cluster name (envoy_grpc.cluster_name or
+	// the plain name it passed); calls to other clusters are rejected as an unknown
+	// cluster.
+	GRPCCalls map[string]GRPCAnswer `json:"grpcCalls,omitempty"`
 	Cases     []Case                `json:"cases,omitempty"`
 
 	dir string
@@ -67,6 +72,26 @@ type CallAnswer struct {
 	// Delay is the virtual time before the answer arrives.
 	Delay Duration `json:"delay,omitempty"`
 	// NoAnswer leaves the call to time out; Fail resets it.
+	NoAnswer bool `json:"noAnswer,omitempty"`
+	Fail     bool `json:"fail,omitempty"`
+}
+
+// GRPCAnswer is how the service of a grpc_call answers.
+type GRPCAnswer struct {
+	// Message is the response message as written; MessageBase64 the same in base64, for
+	// the serialized protobuf a real service sends. Only delivered with status 0.
+	Message       string `json:"message,omitempty"`
+	MessageBase64 string `json:"messageBase64,omitempty"`
+	// Status is the gRPC status code (0: OK), StatusMessage its grpc-message.
+	Status        uint32 `json:"status,omitempty"`
+	StatusMessage string `json:"statusMessage,omitempty"`
+	// InitialMetadata and TrailingMetadata are the answer's headers and trailers.
+	InitialMetadata  map[string]string `json:"initialMetadata,omitempty"`
+	TrailingMetadata map[string]string `json:"trailingMetadata,omitempty"`
+	// Delay is the virtual time before the answer arrives.
+	Delay Duration `json:"delay,omitempty"`
+	// NoAnswer leaves the call to time out (DEADLINE_EXCEEDED); Fail ends it without an
+	// answer (UNAVAILABLE, as a connect failure).
 	NoAnswer bool `json:"noAnswer,omitempty"`
 	Fail     bool `json:"fail,omitempty"`
 }
@@ -219,6 +244,17 @@ func (s *Scenario) validate() error {
 	for cluster, a := range s.HTTPCalls {
 		if a.NoAnswer && a.Fail {
 			return fmt.Errorf("httpCalls.%s: noAnswer and fail exclude each other", cluster)
+		}
+	}
+	for cluster, a := range s.GRPCCalls {
+		switch {
+		case a.NoAnswer && a.Fail:
+			return fmt.Errorf("grpcCalls.%s: noAnswer and fail exclude each other", cluster)
+		case a.Message != "" && a.MessageBase64 != "":
+			return fmt.Errorf("grpcCalls.%s: message and messageBase64 exclude each other", cluster)
+		}
+		if _, err := base64.StdEncoding.DecodeString(a.MessageBase64); err != nil {
+			return fmt.Errorf("grpcCalls.%s.messageBase64: %w", cluster, err)
 		}
 	}
 	return nil
