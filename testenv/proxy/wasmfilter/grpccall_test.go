@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -47,7 +48,7 @@ type sleepEnd struct {
 	err error
 }
 
-func startHealthService(t *testing.T) *healthService {
+func startHealthService(t testing.TB) *healthService {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	hs := &healthService{addr: lis.Addr().String(), arrived: make(chan string, 4), ended: make(chan sleepEnd, 4)}
@@ -81,7 +82,7 @@ func (hs *healthService) intercept(ctx context.Context, req any, _ *grpc.UnarySe
 }
 
 // staticCluster is a STATIC cluster with one endpoint, speaking HTTP/2 when h2.
-func staticCluster(t *testing.T, name, addr string, h2 bool) *clusterv3.Cluster {
+func staticCluster(t testing.TB, name, addr string, h2 bool) *clusterv3.Cluster {
 	host, port, err := net.SplitHostPort(addr)
 	require.NoError(t, err)
 	p, err := net.LookupPort("tcp", port)
@@ -106,7 +107,7 @@ func staticCluster(t *testing.T, name, addr string, h2 bool) *clusterv3.Cluster 
 // grpcProxy is meshproxy's Wasm manager with clusters "rls" (the health service over
 // HTTP/2), "rls-h1" (the same over HTTP/1.1 only) and "down" (a closed port), and the
 // sdkguest plugin calling "rls" with the given timeout.
-func grpcProxy(t *testing.T, hs *healthService, timeoutMs string) (*Manager, *host.Plugin) {
+func grpcProxy(t testing.TB, hs *healthService, timeoutMs string) (*Manager, *host.Plugin) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	log := slog.New(slog.DiscardHandler)
@@ -140,7 +141,7 @@ func grpcProxy(t *testing.T, hs *healthService, timeoutMs string) (*Manager, *ho
 
 // grpcExchange runs one request with the grpc op through the plugin and returns the
 // response headers the guest wrote once the call ended.
-func grpcExchange(t *testing.T, p *host.Plugin, op string, extra ...[2]string) *host.Headers {
+func grpcExchange(t testing.TB, p *host.Plugin, op string, extra ...[2]string) *host.Headers {
 	t.Helper()
 	ctx := context.Background()
 	resumed := make(chan host.Signal, 4)
@@ -264,4 +265,24 @@ func TestGRPCCallCancelResetsTheServerCall(t *testing.T) {
 			t.Fatal("closing the plugin did not reset the server's call")
 		}
 	}
+}
+
+// BenchmarkGRPCCall is one request whose filter makes a gRPC call through meshproxy's
+// cluster to the real health service over HTTP/2 and resumes on the answer: the host,
+// the HTTP/2 client and server and the guest together. p50 and p99 are per request.
+func BenchmarkGRPCCall(b *testing.B) {
+	hs := startHealthService(b)
+	_, p := grpcProxy(b, hs, "1000")
+	var lat []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		h := grpcExchange(b, p, "grpc")
+		lat = append(lat, time.Since(start))
+		if !strings.HasSuffix(header(h, "x-grpc-trace"), "close(0:0::buf=1)") {
+			b.Fatalf("call failed: %s", header(h, "x-grpc-trace"))
+		}
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
 }
