@@ -275,7 +275,7 @@ func TestQuotaGlobalWasmPlugin(t *testing.T) {
 	var mu sync.Mutex
 	var asked []*rlsv3.RateLimitRequest
 	service := func(req *host.GRPCCallRequest) harness.GRPCCallAnswer {
-		if req.Cluster != "outbound|8081||ratelimit.default.svc.cluster.local" {
+		if req.Cluster != "outbound|8081||ratelimit.default.svc.cluster.local" || req.Authority != "ratelimit.default.svc.cluster.local" {
 			return harness.GRPCCallAnswer{UnknownCluster: true}
 		}
 		var in rlsv3.RateLimitRequest

@@ -14,6 +14,7 @@ import (
 // filter has none of).
 type serviceConfig struct {
 	Cluster         string `json:"cluster"`
+	Authority       string `json:"authority"`
 	Domain          string `json:"domain"`
 	Timeout         string `json:"timeout"`
 	FailureModeDeny bool   `json:"failure_mode_deny"`
@@ -50,6 +51,8 @@ const (
 // service is a validated rate_limit_service.
 type service struct {
 	cluster         string
+	authority       string
+	grpcService     []byte // GrpcService{envoy_grpc{cluster_name, authority}}, proxy_grpc_call's target
 	domain          string
 	timeout         time.Duration // 0: none
 	failureModeDeny bool
@@ -122,6 +125,15 @@ func (sc *serviceConfig) validate(path string) (*service, error) {
 	if sc.Cluster == "" {
 		return nil, fieldError(path+".cluster", "required: the Envoy cluster of the rate-limit service")
 	}
+	for i := 0; i < len(sc.Authority); i++ {
+		if c := sc.Authority[i]; c < 0x21 || c == 0x7f {
+			return nil, fieldError(path+".authority", "%q is not a host name: byte %d is 0x%02x", sc.Authority, i, c)
+		}
+	}
+	svc.authority = sc.Authority
+	// The target goes as a GrpcService, the form Envoy parses first, so that no cluster
+	// name can be mistaken for one.
+	svc.grpcService = appendGrpcService(nil, sc.Cluster, sc.Authority)
 	if sc.Domain == "" {
 		return nil, fieldError(path+".domain", "required: the domain of the service's configuration")
 	}

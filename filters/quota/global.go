@@ -126,7 +126,7 @@ func (h *httpContext) call() types.Action {
 	p := h.plugin
 	svc := p.cfg.service
 	msg := p.global.req.finish(1) // hits_addend: one request
-	id, err := p.vm.host().call(svc.cluster, rlsService, rlsMethod, msg, svc.timeout)
+	id, err := p.vm.host().call(svc.grpcService, rlsService, rlsMethod, msg, svc.timeout)
 	if err != nil {
 		p.logGlobal("calling the rate-limit service on cluster %q: %v", svc.cluster, err)
 		if h.failed(reasonCallFailed) {

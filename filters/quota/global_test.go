@@ -27,10 +27,10 @@ import (
 
 // grpcCall is one call the filter made.
 type grpcCall struct {
-	id                       uint32
-	cluster, service, method string
-	timeout                  time.Duration
-	req                      *rlsv3.RateLimitRequest
+	id                                  uint32
+	cluster, authority, service, method string
+	timeout                             time.Duration
+	req                                 *rlsv3.RateLimitRequest
 }
 
 // scriptedGRPC is the gRPC host of the native tests.
@@ -43,15 +43,19 @@ type scriptedGRPC struct {
 	next      uint32
 }
 
-func (g *scriptedGRPC) call(cluster, service, method string, message []byte, timeout time.Duration) (uint32, error) {
+func (g *scriptedGRPC) call(target []byte, service, method string, message []byte, timeout time.Duration) (uint32, error) {
 	if g.refuse != nil {
 		return 0, g.refuse
 	}
+	var gs corev3.GrpcService
+	require.NoError(g.t, proto.Unmarshal(target, &gs))
+	require.NoError(g.t, gs.ValidateAll(), "the target passes Envoy's validation")
 	var req rlsv3.RateLimitRequest
 	require.NoError(g.t, proto.Unmarshal(message, &req))
 	require.NoError(g.t, req.ValidateAll(), "the request passes Envoy's validation")
 	g.next++
-	g.calls = append(g.calls, grpcCall{id: g.next, cluster: cluster, service: service, method: method, timeout: timeout, req: &req})
+	g.calls = append(g.calls, grpcCall{id: g.next, cluster: gs.GetEnvoyGrpc().GetClusterName(), authority: gs.GetEnvoyGrpc().GetAuthority(),
+		service: service, method: method, timeout: timeout, req: &req})
 	return g.next, nil
 }
 
@@ -135,7 +139,8 @@ func (e *globalEnv) counter(t *testing.T, name string) uint64 {
 	return n
 }
 
-const globalFront = `{"rate_limit_service": {"cluster": "outbound|8081||ratelimit.wasmesh-system.svc.cluster.local", "domain": "mesh"},
+const globalFront = `{"rate_limit_service": {"cluster": "outbound|8081||ratelimit.wasmesh-system.svc.cluster.local",
+	"authority": "ratelimit.wasmesh-system.svc.cluster.local", "domain": "mesh"},
 	"descriptors": [
 		{"name": "front", "mode": "global", "entries": [{"key": "generic_key", "source": "generic_key", "value": "front"}]},
 		{"name": "per_user", "mode": "global", "entries": [{"key": "user", "source": "header", "header": "x-user"}],
@@ -160,6 +165,7 @@ func TestGlobalAllowedAsksTheServiceOnce(t *testing.T) {
 	require.Len(t, e.grpc.calls, 1)
 	c := e.grpc.calls[0]
 	assert.Equal(t, "outbound|8081||ratelimit.wasmesh-system.svc.cluster.local", c.cluster)
+	assert.Equal(t, "ratelimit.wasmesh-system.svc.cluster.local", c.authority)
 	assert.Equal(t, "envoy.service.ratelimit.v3.RateLimitService", c.service)
 	assert.Equal(t, "ShouldRateLimit", c.method)
 	assert.Equal(t, 20*time.Millisecond, c.timeout, "Envoy's default timeout")

@@ -8,9 +8,10 @@ import (
 // grpcHost is the gRPC half of the proxy-wasm ABI, which the SDK does not wrap: the
 // calls of grpc_wasip1.go on a proxy, a test's host natively.
 type grpcHost interface {
-	// call starts a unary call of service/method on the cluster with the serialized
-	// request message (unframed) and returns its callout id.
-	call(cluster, service, method string, message []byte, timeout time.Duration) (uint32, error)
+	// call starts a unary call of service/method on target (a serialized
+	// envoy.config.core.v3.GrpcService) with the serialized request message (unframed)
+	// and returns its callout id.
+	call(target []byte, service, method string, message []byte, timeout time.Duration) (uint32, error)
 	// cancel drops the call: the host delivers no callback for it afterwards.
 	cancel(calloutID uint32) error
 	// message is the response message, readable during proxy_on_grpc_receive.

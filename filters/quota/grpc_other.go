@@ -8,7 +8,7 @@ import "time"
 // native tests give the VM context a grpcHost of their own.
 type rawGRPC struct{}
 
-func (rawGRPC) call(string, string, string, []byte, time.Duration) (uint32, error) {
+func (rawGRPC) call([]byte, string, string, []byte, time.Duration) (uint32, error) {
 	return 0, errNoGRPC
 }
 func (rawGRPC) cancel(uint32) error            { return errNoGRPC }

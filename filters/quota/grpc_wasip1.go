@@ -29,9 +29,9 @@ const bufferGrpcReceive = 5
 // rawGRPC calls the host's imports.
 type rawGRPC struct{}
 
-func (rawGRPC) call(cluster, service, method string, message []byte, timeout time.Duration) (uint32, error) {
+func (rawGRPC) call(target []byte, service, method string, message []byte, timeout time.Duration) (uint32, error) {
 	var id uint32
-	st := hostGrpcCall(unsafe.StringData(cluster), uint32(len(cluster)),
+	st := hostGrpcCall(unsafe.SliceData(target), uint32(len(target)),
 		unsafe.StringData(service), uint32(len(service)),
 		unsafe.StringData(method), uint32(len(method)),
 		nil, 0,

@@ -135,7 +135,8 @@
 // asked; one it allows goes on to the service. Every global descriptor that applies to a
 // request goes in one RateLimitRequest (domain, descriptors, hits_addend 1) to
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit with proxy_grpc_call, and
-// the request waits for the answer:
+// the request waits for the answer. The call's target is a serialized GrpcService
+// {envoy_grpc: {cluster_name, authority}}, the form Envoy parses first:
 //
 //	{
 //	  "rate_limit_service": {
@@ -158,6 +159,7 @@
 // rate_limit_service takes the fields of Envoy's envoy.filters.http.ratelimit that apply
 // to a filter with its own descriptors (its "stage" picks route rate_limits actions, which
 // this filter does not read): cluster (required; the Envoy cluster of the service, HTTP/2),
+// authority (the :authority of the calls; default the cluster name, as Envoy's envoy_grpc),
 // domain (required), timeout (default 20ms, whole milliseconds; "0s" waits as long as the
 // stream does), failure_mode_deny (default false), status_on_error (default 500, the
 // status of a request denied because the service failed), request_type ("internal",

@@ -35,6 +35,15 @@ const (
 	rlsOverLimit = 2
 )
 
+// appendGrpcService appends an envoy.config.core.v3.GrpcService naming the cluster:
+// envoy_grpc (1) {cluster_name (1), authority (2)}.
+func appendGrpcService(b []byte, cluster, authority string) []byte {
+	b = appendTag(b, 1, wireBytes)
+	b = appendVarint(b, uint64(stringSize(cluster)+stringSize(authority)))
+	b = appendString(b, 1, cluster)
+	return appendString(b, 2, authority)
+}
+
 // rlsRequest builds a RateLimitRequest in a reused buffer: domain (1), then one
 // descriptor (2) per addDescriptor, then hits_addend (3) by finish.
 type rlsRequest struct {

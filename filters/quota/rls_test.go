@@ -88,6 +88,16 @@ func TestRateLimitRequestBufferReuse(t *testing.T) {
 	assert.Equal(t, want, got)
 }
 
+func TestGrpcServiceIsWhatProtoMarshals(t *testing.T) {
+	for _, tc := range [][2]string{{"outbound|8081||ratelimit.default.svc.cluster.local", ""},
+		{"rls", "ratelimit.default.svc.cluster.local"}, {strings.Repeat("c", 200), strings.Repeat("a", 130)}} {
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(&corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+			EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: tc[0], Authority: tc[1]}}})
+		require.NoError(t, err)
+		assert.Equal(t, want, appendGrpcService(nil, tc[0], tc[1]), "%q", tc)
+	}
+}
+
 func TestRateLimitResponseDecodes(t *testing.T) {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,

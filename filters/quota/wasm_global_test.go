@@ -117,6 +117,7 @@ func TestWasmGlobalSharedLimitAcrossWorkers(t *testing.T) {
 		require.Len(t, rep.GRPCCalls, 1, "one call per request")
 		c := rep.GRPCCalls[0].Request
 		assert.Equal(t, rlsCluster, c.Cluster)
+		assert.Empty(t, c.Authority, "none configured: Envoy's default, the cluster name")
 		assert.Equal(t, "envoy.service.ratelimit.v3.RateLimitService", c.Service)
 		assert.Equal(t, "ShouldRateLimit", c.Method)
 		assert.Equal(t, 20*time.Millisecond, c.Timeout)
