@@ -140,14 +140,14 @@ func (h *httpContext) call() types.Action {
 }
 
 // answered takes the service's message (callback; the stream is paused).
-func (h *httpContext) answered(msg []byte, err error) {
+func (h *httpContext) answered(msg []byte, readErr error) {
 	h.global.waiting = false
 	p := h.plugin
 	if err := proxywasm.SetEffectiveContext(h.id); err != nil {
 		p.logGlobal("returning to stream %d: %v", h.id, err)
 		return
 	}
-	var resp *rlsResponse
+	resp, err := (*rlsResponse)(nil), readErr
 	if err == nil {
 		resp, err = parseRateLimitResponse(msg)
 	}
