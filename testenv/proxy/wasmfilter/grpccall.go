@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/upstream"
 	"github.com/wasmesh/wasmesh/wasm/host"
@@ -62,6 +63,22 @@ func (m *Manager) dispatchGRPC(ctx context.Context, req *host.GRPCCallRequest, d
 	return nil
 }
 
+// grpcTimeout writes a timeout as gRPC's grpc-timeout header: at most 8 digits, in
+// milliseconds, or in seconds, minutes or hours when it takes more (as Envoy rounds it).
+func grpcTimeout(d time.Duration) string {
+	v := d.Milliseconds()
+	for _, u := range []struct {
+		unit string
+		next int64
+	}{{"m", 1000}, {"S", 60}, {"M", 60}} {
+		if v <= 99999999 {
+			return strconv.FormatInt(v, 10) + u.unit
+		}
+		v /= u.next
+	}
+	return strconv.FormatInt(min(v, 99999999), 10) + "H"
+}
+
 func unavailable(msg string) *host.GRPCCallResponse {
 	return &host.GRPCCallResponse{Status: grpcUnavailable, StatusMessage: msg}
 }
@@ -89,7 +106,7 @@ func grpcHTTPRequest(ctx context.Context, req *host.GRPCCallRequest) (*http.Requ
 	hr.Header.Set("content-type", "application/grpc")
 	hr.Header.Set("te", "trailers")
 	if req.Timeout > 0 {
-		hr.Header.Set("grpc-timeout", strconv.FormatInt(req.Timeout.Milliseconds(), 10)+"m")
+		hr.Header.Set("grpc-timeout", grpcTimeout(req.Timeout))
 	}
 	return hr, nil
 }

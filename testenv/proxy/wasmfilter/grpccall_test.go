@@ -3,6 +3,7 @@ package wasmfilter
 import (
 	"context"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -287,4 +288,15 @@ func BenchmarkGRPCCall(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+}
+
+func TestGRPCTimeoutHeader(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		250 * time.Millisecond:            "250m",
+		99999999 * time.Millisecond:       "99999999m",
+		100000000 * time.Millisecond:      "100000S",
+		math.MaxUint32 * time.Millisecond: "4294967S",
+	} {
+		assert.Equal(t, want, grpcTimeout(d), d.String())
+	}
 }
