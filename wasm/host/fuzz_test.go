@@ -91,6 +91,9 @@ func FuzzHostCalls(f *testing.F) {
 	f.Add(uint32(12), uint32(0), uint32(0), uint32(0), uint32(0), uint32(0))
 	f.Add(uint32(13), uint32(99), uint32(0), uint32(0), uint32(0), uint32(0))
 	f.Add(uint32(14), uint32(0), uint32(0), uint32(0), uint32(0), uint32(0))
+	// 31 is proxy_grpc_call (15 with bit 16 set; 15 alone resolves a shared queue).
+	f.Add(uint32(31), uint32(0), uint32(0), uint32(0), uint32(0), uint32(0))
+	f.Add(uint32(31), uint32(0), uint32(0x100), uint32(8), uint32(0x200), uint32(0))
 	fx := newFixture(f, "kitchen", PluginConfig{}, Environment{})
 	f.Fuzz(func(t *testing.T, fn, a, b, c, d, e uint32) {
 		ret, err := fuzzHostCall(t, fx.rt, fx.p.Module(), fn, a, b, c, d, e)
@@ -114,7 +117,7 @@ const fuzzVMID = "fuzz"
 func fuzzHostCall(t *testing.T, rt *Runtime, mod *Module, fn, a, b, c, d, e uint32) (uint64, error) {
 	ctx := context.Background()
 	p, err := rt.NewPlugin(ctx, mod, PluginConfig{Name: "fuzz", VMID: fuzzVMID},
-		Environment{HTTPCalls: &fakeUpstream{}, Logger: slog.New(slog.DiscardHandler)})
+		Environment{HTTPCalls: &fakeUpstream{}, GRPCCalls: &grpcUpstream{}, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -292,3 +292,18 @@ func TestParseGRPCService(t *testing.T) {
 		})
 	}
 }
+
+// FuzzParseGRPCService: any bytes either name a target or are taken as a plain cluster
+// name, without a panic; a parsed target names a cluster or google_grpc.
+func FuzzParseGRPCService(f *testing.F) {
+	f.Add([]byte("outbound|8081||rls.default.svc.cluster.local"))
+	f.Add(protoField(1, protoField(1, []byte("rls"))))
+	f.Add(protoField(5, protoField(1, []byte("k"))))
+	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := parseGRPCService(b)
+		if ok && got.cluster == "" && !got.google {
+			t.Fatalf("parsed %x as a target naming nothing", b)
+		}
+	})
+}

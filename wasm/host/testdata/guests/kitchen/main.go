@@ -560,6 +560,9 @@ func fuzzHostcall(fn, a, b, c, d, e uint32) uint32 {
 	case 14:
 		return abi.ProxyCallForeignFunction(p(a), b, p(c), d, p(e), p(a))
 	default:
+		if fn&16 != 0 {
+			return abi.ProxyGrpcCall(p(a), p(b), c, p(d), e, p(a), b, p(c), d, p(e), a, p(b))
+		}
 		return abi.ProxyResolveSharedQueue(p(a), b, p(c), d, p(e))
 	}
 }
