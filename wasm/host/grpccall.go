@@ -334,16 +334,17 @@ func (v *vm) deliverGRPCCall(token uint32, pc *pendingCall, resp *GRPCCallRespon
 		if st.skip {
 			continue
 		}
-		if st.fn == fnOnGRPCClose {
-			delete(v.grpcCalls, token)
-		}
 		vc := &vmCall{vm: v, effective: v.rootID, callback: st.fn, grpcResp: resp,
 			grpcReceive: st.fn == fnOnGRPCReceive}
 		if _, _, err := v.call(vc, st.fn, uint64(v.rootID), uint64(token), uint64(st.n)); err != nil {
-			delete(v.grpcCalls, token)
-			v.in.fail(v, err, nil)
+			v.in.fail(v, err, nil) // kills the VM, its calls with it
 			return
 		}
+	}
+	// As in Envoy, the call is forgotten after its close callback (a cancel inside it is
+	// still Ok and does nothing).
+	if v.grpcCalls[token] == pc {
+		delete(v.grpcCalls, token)
 	}
 }
 
