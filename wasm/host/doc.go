@@ -26,10 +26,12 @@
 // proxy_grpc_call makes a unary call through Environment.GRPCCalls. The service argument is
 // a serialized envoy.config.core.v3.GrpcService (envoy_grpc.cluster_name and authority and
 // initial_metadata are used; google_grpc is refused with BadArgument) or, when it does not
-// parse as one or names no cluster, a plain cluster name, as in Envoy. The message is passed
-// without gRPC framing; the dispatcher frames it. Call ids are odd (Envoy's stream ids are
-// even) and separate from HTTP call tokens. An unknown cluster is BadArgument (Envoy answers
-// ParseFailure for an unknown plain name; the quota filter only checks for Ok).
+// parse as one, a plain cluster name, as in Envoy; bytes that happen to parse but name no
+// cluster are taken as a plain name too (Envoy would try an empty cluster). The message is
+// passed without gRPC framing; the dispatcher frames it. Call ids are odd (Envoy's stream
+// ids are even) and separate from HTTP call tokens. An unknown cluster is BadArgument, as
+// for proxy_http_call here (Envoy answers ParseFailure for an unknown plain name), so a
+// guest should take any status but Ok as a call that was not made.
 //
 // The answer is delivered to the root context (context_id is the root context id, as
 // proxy-wasm-cpp-host's exports.cc makes the root context own every call, like
@@ -52,7 +54,8 @@
 // without an answer (no healthy host, connect failure) gives UNAVAILABLE (14) with its
 // error's text. proxy_grpc_cancel and proxy_grpc_close (the same for a unary call, as in
 // Envoy) end a pending call: no callback follows, the dispatcher's context is cancelled
-// with ErrGRPCCallCancelled; an unknown id is NotFound. Closing the plugin or losing the
+// with ErrGRPCCallCancelled; an unknown id is NotFound. The id stays known until
+// proxy_on_grpc_close returns, as in Envoy. Closing the plugin or losing the
 // VM cancels pending calls (cause ErrClosed) without callbacks. Streaming calls
 // (proxy_grpc_stream, proxy_grpc_send) return Unimplemented.
 //
