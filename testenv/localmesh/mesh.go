@@ -56,6 +56,10 @@ type Options struct {
 	// certificate and its xDS, and sidecars talk mutual TLS (mesh-wide PERMISSIVE, Istio's
 	// default, so a client outside the mesh still reaches a pod).
 	Plaintext bool
+	// RateLimitConfig, when set, is the configuration (Envoy ratelimit's YAML) of a
+	// rate-limit service the mesh runs with its own Redis, a mesh service at
+	// RateLimitCluster (ratelimit.go).
+	RateLimitConfig string
 }
 
 // Mesh is a running local mesh.
@@ -74,6 +78,7 @@ type Mesh struct {
 	discovery *Process
 	pods      []*Pod
 	podSeq    int
+	rateLimit *RateLimit
 }
 
 // Start renders the config, starts discovery and waits until it is ready.
@@ -114,6 +119,12 @@ func Start(ctx context.Context, opts Options) (*Mesh, error) {
 	if err := m.renderConfig(); err != nil {
 		m.Close()
 		return nil, err
+	}
+	if m.opts.RateLimitConfig != "" {
+		if err := m.startRateLimit(ctx); err != nil {
+			m.Close()
+			return nil, err
+		}
 	}
 	if err := m.startDiscoveryOnFreePorts(ctx); err != nil {
 		m.Close()
@@ -346,6 +357,7 @@ func (m *Mesh) Close() {
 		wg.Wait()
 	}
 	_ = m.StopDiscovery(ctx)
+	m.stopRateLimit(ctx)
 	if m.netClaim != nil {
 		_ = m.netClaim.Close()
 	}

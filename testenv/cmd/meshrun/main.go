@@ -1,5 +1,6 @@
 // Command meshrun starts the local mesh with the sample application (what `make run`
-// does): discovery with the sample config directory, the bookinfo pods as
+// does): discovery with the sample config directory, the rate-limit service and its Redis
+// (with the sample's ratelimit.conf: the front end's global limit), the bookinfo pods as
 // agent → proxy → echo on loopback, and steady traffic, then prints where to look and a
 // live summary until Ctrl-C, which drains every pod and stops cleanly.
 package main
@@ -38,6 +39,7 @@ func command() *cobra.Command {
 		interval time.Duration
 		once     bool
 		prom     bool
+		rl       bool
 	)
 	cmd := &cobra.Command{
 		Use:          "meshrun",
@@ -45,6 +47,11 @@ func command() *cobra.Command {
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rl {
+				if err := readRateLimitConfig(&opts); err != nil {
+					return err
+				}
+			}
 			return run(cmd.OutOrStdout(), opts, rate, interval, once, prom)
 		},
 	}
@@ -58,6 +65,7 @@ func command() *cobra.Command {
 	f.DurationVar(&interval, "interval", 2*time.Second, "how often the live summary is printed")
 	f.BoolVar(&opts.Plaintext, "plaintext", false, "run without workload identity: no CA, plaintext xDS on loopback, plaintext between sidecars (default: mutual TLS, PERMISSIVE)")
 	f.BoolVar(&prom, "prometheus", true, "run a Prometheus (Debian's prometheus from PATH) scraping every pod and discovery, as Istio's add-on does")
+	f.BoolVar(&rl, "ratelimit", true, "run the rate-limit service (bin/ratelimit) and its Redis (redis-server from PATH) with the config directory's "+rateLimitConf+", the front end's global limit")
 	f.BoolVar(&once, "once", false, "print the summary once after the first requests, then stop the mesh (a smoke test)")
 	return cmd
 }
@@ -128,6 +136,20 @@ func run(out io.Writer, opts localmesh.Options, rate float64, interval time.Dura
 	return nil
 }
 
+// rateLimitConf is the rate-limit service's configuration in the sample config directory.
+const rateLimitConf = "ratelimit.conf"
+
+// readRateLimitConfig sets the mesh's rate-limit service configuration from the config
+// directory's ratelimit.conf.
+func readRateLimitConfig(opts *localmesh.Options) error {
+	b, err := os.ReadFile(filepath.Join(opts.ConfigDir, rateLimitConf))
+	if err != nil {
+		return fmt.Errorf("the rate-limit service's configuration: %w (run with --ratelimit=false to go without)", err)
+	}
+	opts.RateLimitConfig = string(b)
+	return nil
+}
+
 func or(s, def string) string {
 	if s == "" {
 		return def
@@ -179,6 +201,13 @@ func printGuide(out io.Writer, m *localmesh.Mesh, frontURL string, prom *promser
 	fmt.Fprintf(out, "config (edit live): %s\n", m.ConfigDir())
 	fmt.Fprintf(out, "discovery:          %s  %s  %s  %s\n", m.DiscoveryURL("/debug/syncz"), m.DiscoveryURL("/debug/configz"),
 		m.DiscoveryURL("/debug/registryz"), m.DiscoveryURL("/metrics"))
+	if rl := m.RateLimit(); rl != nil {
+		fmt.Fprintf(out, "rate-limit service: gRPC %s as %s  metrics %s  config (edit live) %s  log %s\n",
+			rl.GRPCAddr(), localmesh.RateLimitCluster, rl.MetricsURL("/metrics"), rl.ConfigFile(), rl.ServiceLog())
+		fmt.Fprintf(out, "redis:              %s  (the rate-limit service's counters; log %s)\n", rl.RedisAddr(), rl.RedisLog())
+		fmt.Fprintf(out, "global limit:       the front end's, shared by every caller and proxy (numbers in %s); a burst gets 429s:\n", rl.ConfigFile())
+		fmt.Fprintf(out, "                    seq 300 | xargs -P 50 -I{} curl -s -o /dev/null -w '%%{http_code}\\n' %s | sort | uniq -c\n", frontURL)
+	}
 	for _, p := range m.Pods() {
 		fmt.Fprintf(out, "pod %-22s metrics %s   admin %s\n", p.Spec.Name, p.StatusURL("/stats/prometheus"), p.AdminURL("/"))
 	}
@@ -194,6 +223,7 @@ func printSummary(ctx context.Context, out io.Writer, m *localmesh.Mesh, prev, c
 		value float64
 	}
 	var rows []row
+	var frontMetrics []localmesh.Metrics
 	for _, p := range m.Pods() {
 		if !p.Running() {
 			continue
@@ -203,6 +233,9 @@ func printSummary(ctx context.Context, out io.Writer, m *localmesh.Mesh, prev, c
 		cancel()
 		if err != nil {
 			continue
+		}
+		if p.Spec.Labels["app"] == "productpage" {
+			frontMetrics = append(frontMetrics, ms)
 		}
 		for _, s := range ms.Series("istio_requests_total", nil) {
 			rows = append(rows, row{localmesh.Describe(s.Labels, "reporter", "source_workload", "destination_workload", "response_code"), s.Value})
@@ -218,7 +251,24 @@ func printSummary(ctx context.Context, out io.Writer, m *localmesh.Mesh, prev, c
 		}
 		fmt.Fprintf(out, "  %8.0f  istio_requests_total%s\n", r.value, strings.TrimSpace(r.key))
 	}
+	printRateLimited(out, frontMetrics)
 	printConfigProblems(ctx, out, m)
+}
+
+// printRateLimited prints the front end's 429s by its global limit: the quota filter's
+// decisions (wasmesh_quota_global_requests_total) on the productpage proxies.
+func printRateLimited(out io.Writer, ms []localmesh.Metrics) {
+	if len(ms) == 0 {
+		return
+	}
+	var denied, allowed, failOpen float64
+	for _, m := range ms {
+		denied += m.Sum("wasmesh_quota_global_requests_total", map[string]string{"decision": "denied"})
+		allowed += m.Sum("wasmesh_quota_global_requests_total", map[string]string{"decision": "allowed"})
+		failOpen += m.Sum("wasmesh_quota_global_failure_mode_allowed_total", nil)
+	}
+	fmt.Fprintf(out, "  %8.0f  429 by the front end's global rate limit (allowed %.0f, let through with the service unreachable %.0f)\n",
+		denied, allowed, failOpen)
 }
 
 // printConfigProblems lists the config documents discovery does not hold in force, with

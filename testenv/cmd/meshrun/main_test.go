@@ -182,7 +182,8 @@ func appendFew(s []string, v string) []string {
 	return s
 }
 
-// `make run` end to end: meshrun prints where its logs are, starts the sample mesh, reports
+// `make run` end to end: meshrun prints where its logs are, starts the sample mesh (and the
+// rate-limit service and its Redis, which the guide names), reports
 // the first successful request and a rejected config file by name; Ctrl-C stops it with no
 // failed request, inside or from a client outside the mesh, and no process left behind.
 func TestMeshrunStartsAndStopsCleanly(t *testing.T) {
@@ -194,6 +195,10 @@ func TestMeshrunStartsAndStopsCleanly(t *testing.T) {
 	require.Len(t, front, 2)
 	prom := regexp.MustCompile(`(http://\S+)`).FindStringSubmatch(m.wait("prometheus:"))
 	require.Len(t, prom, 2, "meshrun prints its Prometheus")
+	rl := m.wait("rate-limit service:")
+	assert.Contains(t, rl, "outbound|8081||ratelimit.default.svc.cluster.local", "the guide names the service's cluster")
+	assert.Contains(t, rl, filepath.Join(m.dir, "ratelimit", "config", "config.yaml"), "and its live config")
+	assert.Regexp(t, `redis: +127\.0\.0\.1:\d+`, m.wait("redis:"), "and its Redis")
 	require.Eventually(t, func() bool {
 		resp, err := http.Get(prom[1] + "/api/v1/query?query=" + url.QueryEscape(`sum(istio_requests_total{reporter="source"})`))
 		if err != nil {
@@ -204,6 +209,7 @@ func TestMeshrunStartsAndStopsCleanly(t *testing.T) {
 		return resp.StatusCode == http.StatusOK && strings.Contains(string(b), `"value"`)
 	}, time.Minute, 200*time.Millisecond, "its Prometheus has the mesh's requests")
 	m.wait("istio_requests_total{") // the live summary shows the telemetry filter's series
+	m.wait("429 by the front end's global rate limit")
 
 	// A broken file in the config directory shows in the live summary, named.
 	require.NoError(t, os.WriteFile(filepath.Join(m.dir, "config", "broken.yaml"),
