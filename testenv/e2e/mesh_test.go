@@ -21,8 +21,14 @@ import (
 // when MESH_PROXY=envoy asks for an Envoy the machine does not have.
 func startMesh(t *testing.T, config map[string]string) (*localmesh.Mesh, context.Context) {
 	t.Helper()
+	return startMeshFor(t, config, 3*time.Minute)
+}
+
+// startMeshFor is startMesh for a test that runs up to d.
+func startMeshFor(t *testing.T, config map[string]string, d time.Duration) (*localmesh.Mesh, context.Context) {
+	t.Helper()
 	bin, wasmDir := meshtest.Binaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	m, err := localmesh.Start(ctx, localmesh.Options{BinDir: bin, WasmDir: wasmDir, Config: config, Logf: t.Logf})
 	if err != nil && strings.Contains(err.Error(), "no envoy on PATH") {

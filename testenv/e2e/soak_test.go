@@ -1,0 +1,300 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wasmesh/wasmesh/testenv/localmesh"
+)
+
+// The soak: the mesh under steady load with churn, for WASMESH_SOAK_DURATION (make soak
+// DURATION=30m; make test runs a short one). Every second a config change (a header the
+// frontend's route adds to backend calls: an RDS push); every 30 s a backend scaled down
+// (graceful stop) and up (a new pod); every 5 minutes a certificate rotation of the
+// frontend, which hot-restarts its proxy (in a run shorter than ten minutes, once, at an
+// eighth of the run, so that the old epoch, which lives on for the agent's
+// parentShutdownDuration of 60 s as Istio's does, is gone before the last fifth). It
+// asserts that no request fails, that every process alive from the first fifth to the end
+// keeps its memory, goroutines and descriptors flat after warm-up (the second fifth of the
+// run against the last), and that discovery's push convergence P99 stays steady.
+
+const (
+	soakRate         = 300
+	soakDefault      = 150 * time.Second
+	soakSample       = 2 * time.Second
+	soakScaleEvery   = 30 * time.Second
+	soakRotateEvery  = 5 * time.Minute
+	soakGrowth       = 0.10 // allowed growth, second fifth to last
+	soakRSSFloor     = 2 << 20
+	soakCountFloor   = 10 // goroutines, descriptors: a proxy's follow the requests in flight
+	soakConvergeRoom = 2.0
+)
+
+func soakDuration(t *testing.T) time.Duration {
+	v := os.Getenv("WASMESH_SOAK_DURATION")
+	if v == "" {
+		return soakDefault
+	}
+	d, err := time.ParseDuration(v)
+	require.NoError(t, err, "WASMESH_SOAK_DURATION")
+	require.GreaterOrEqual(t, d, 2*time.Minute, "WASMESH_SOAK_DURATION: a shorter soak has no fifth after a hot restart's old epoch is gone")
+	return d
+}
+
+// soakRoute is the config changed every second: the frontend's route to the backend adds a
+// header with the revision.
+func soakRoute(rev int) string {
+	return fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: backend, namespace: default}
+spec:
+  hosts: [backend.default.svc.cluster.local]
+  http:
+  - headers: {request: {set: {x-soak-rev: "%d"}}}
+    route: [{destination: {host: backend.default.svc.cluster.local}}]
+`, rev)
+}
+
+// procSample is one reading of one process.
+type procSample struct {
+	at         time.Duration
+	rss        int64
+	fds        int
+	goroutines int // -1: not read
+}
+
+func TestSoak(t *testing.T) {
+	d := soakDuration(t)
+	m, ctx := startMeshFor(t, frontBack(), d+3*time.Minute)
+	require.NoError(t, m.WriteConfig("soak-route.yaml", soakRoute(0)))
+	var backends []*localmesh.Pod
+	for i := 0; i < 2; i++ {
+		b, err := m.AddPod(ctx, backendPod())
+		require.NoError(t, err)
+		backends = append(backends, b)
+	}
+	front, err := m.AddPod(ctx, frontendPod())
+	require.NoError(t, err)
+	g := steadyLoad(t, ctx, front.URL("/"), soakRate)
+	waitServed(t, g, soakRate)
+
+	begin := time.Now()
+	samples := map[string][]procSample{} // by name@pid
+	var convergence [][]bucket           // discovery's histogram at each fifth's start, and the end
+	var mu sync.Mutex
+	sctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the readings, every soakSample
+		defer wg.Done()
+		for next := 0; sctx.Err() == nil; time.Sleep(soakSample) {
+			at := time.Since(begin)
+			if fifth := int(at * 5 / d); fifth >= next && next <= 4 {
+				h, err := convergenceBuckets(sctx, m)
+				if err == nil {
+					mu.Lock()
+					convergence = append(convergence, h)
+					mu.Unlock()
+					next = fifth + 1
+				}
+			}
+			for _, p := range m.Processes() {
+				s := procSample{at: at, goroutines: -1}
+				st, err := localmesh.ReadProcStats(p.Pid)
+				if err != nil {
+					continue // gone meanwhile
+				}
+				s.rss, s.fds = st.RSS, st.FDs
+				if p.Goroutines != nil {
+					if n, err := p.Goroutines(sctx); err == nil {
+						s.goroutines = n
+					}
+				}
+				mu.Lock()
+				samples[fmt.Sprintf("%s@%d", p.Name, p.Pid)] = append(samples[fmt.Sprintf("%s@%d", p.Name, p.Pid)], s)
+				mu.Unlock()
+			}
+		}
+	}()
+
+	rotateEvery, nextRotate := soakRotateEvery, soakRotateEvery
+	if d < 2*soakRotateEvery {
+		rotateEvery, nextRotate = d, d/8
+	}
+	changes, scales, rotations := 0, 0, 0
+	nextScale := soakScaleEvery
+	for tick := time.NewTicker(time.Second); time.Since(begin) < d; <-tick.C {
+		changes++
+		require.NoError(t, m.WriteConfig("soak-route.yaml", soakRoute(changes)))
+		switch at := time.Since(begin); {
+		case at >= nextScale:
+			nextScale += soakScaleEvery
+			scales++
+			gone := backends[0]
+			require.NoError(t, gone.Stop(ctx), "scale down %s", gone.Spec.Name)
+			b, err := m.AddPod(ctx, backendPod())
+			require.NoError(t, err, "scale up")
+			backends = append(backends[1:], b)
+		case at >= nextRotate:
+			nextRotate += rotateEvery
+			rotations++
+			require.NoError(t, front.RotateCertificates())
+		}
+	}
+	stop()
+	wg.Wait()
+	h, err := convergenceBuckets(ctx, m)
+	require.NoError(t, err)
+	convergence = append(convergence, h)
+	res := g.Stop()
+	t.Logf("soak %v at %d requests/s: %d config changes, %d scale-downs/ups, %d certificate rotations; load: %s",
+		d, soakRate, changes, scales, rotations, res.String())
+	assert.Zero(t, res.Failed, "failed requests: %s", res.String())
+	assert.Positive(t, scales)
+	assert.Positive(t, rotations)
+	checkFlat(t, samples, d)
+	checkConvergenceSteady(t, convergence)
+}
+
+// checkFlat compares, for every process alive from the first fifth of the run to its last
+// (a process started later is still warming up in the second), the mean of each reading
+// in the second fifth and in the last; growth is allowed up to soakGrowth, or a floor
+// for short runs, whose fifths are seconds long (one collection moves RSS by megabytes).
+func checkFlat(t *testing.T, samples map[string][]procSample, d time.Duration) {
+	t.Helper()
+	names := make([]string, 0, len(samples))
+	for n := range samples {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var compared int
+	for _, n := range names {
+		second, last := fifthMeans(samples[n], d, 1), fifthMeans(samples[n], d, 4)
+		if samples[n][0].at*5 >= d || second.n == 0 || last.n == 0 {
+			continue // not alive through the run (scaled, or a hot restart's epoch)
+		}
+		compared++
+		t.Logf("%-28s rss %6.1f -> %6.1f MiB, fds %5.1f -> %5.1f, goroutines %6.1f -> %6.1f", n,
+			second.rss/(1<<20), last.rss/(1<<20), second.fds, last.fds, second.goroutines, last.goroutines)
+		flat := func(what string, a, b, floor float64) {
+			assert.LessOrEqual(t, b-a, math.Max(a*soakGrowth, floor), "%s: %s grew from %.1f to %.1f", n, what, a, b)
+		}
+		flat("resident memory", second.rss, last.rss, soakRSSFloor)
+		flat("open descriptors", second.fds, last.fds, soakCountFloor)
+		if second.goroutines >= 0 && last.goroutines >= 0 {
+			flat("goroutines", second.goroutines, last.goroutines, soakCountFloor)
+		}
+	}
+	assert.GreaterOrEqual(t, compared, 4, "processes alive through the run (discovery, the frontend's agent and app, ...)")
+}
+
+type means struct {
+	n                    int
+	rss, fds, goroutines float64
+}
+
+// fifthMeans averages the samples taken in fifth k (0-based) of a run of d.
+func fifthMeans(ss []procSample, d time.Duration, k int) means {
+	var m means
+	var gn int
+	var g float64
+	for _, s := range ss {
+		if int(s.at*5/d) != k {
+			continue
+		}
+		m.n++
+		m.rss += float64(s.rss)
+		m.fds += float64(s.fds)
+		if s.goroutines >= 0 {
+			gn++
+			g += float64(s.goroutines)
+		}
+	}
+	if m.n > 0 {
+		m.rss /= float64(m.n)
+		m.fds /= float64(m.n)
+	}
+	m.goroutines = -1
+	if gn > 0 {
+		m.goroutines = g / float64(gn)
+	}
+	return m
+}
+
+// bucket is one cumulative bucket of a Prometheus histogram.
+type bucket struct {
+	le    float64
+	count float64
+}
+
+// convergenceBuckets reads discovery's pilot_proxy_convergence_time histogram.
+func convergenceBuckets(ctx context.Context, m *localmesh.Mesh) ([]bucket, error) {
+	page, err := getURL(m.DiscoveryURL("/metrics"))
+	if err != nil {
+		return nil, err
+	}
+	var out []bucket
+	sc := bufio.NewScanner(bytes.NewReader(page))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), `pilot_proxy_convergence_time_bucket{le="`)
+		if !ok {
+			continue
+		}
+		le, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		b := bucket{le: math.Inf(1)}
+		if le != "+Inf" {
+			if b.le, err = strconv.ParseFloat(le, 64); err != nil {
+				return nil, err
+			}
+		}
+		if b.count, err = strconv.ParseFloat(value, 64); err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("discovery has no pilot_proxy_convergence_time")
+	}
+	return out, nil
+}
+
+// p99Between is the P99 (a bucket's upper bound) of the observations between two readings.
+func p99Between(a, b []bucket) (float64, float64) {
+	total := b[len(b)-1].count - a[len(a)-1].count
+	for i := range b {
+		if b[i].count-a[i].count >= 0.99*total {
+			return b[i].le, total
+		}
+	}
+	return math.Inf(1), total
+}
+
+// checkConvergenceSteady compares the push convergence P99 of the second fifth with the
+// last: steady means within soakConvergeRoom (about one bucket).
+func checkConvergenceSteady(t *testing.T, readings [][]bucket) {
+	t.Helper()
+	require.GreaterOrEqual(t, len(readings), 6, "a reading at each fifth's start and the end")
+	second, n2 := p99Between(readings[1], readings[2])
+	last, n5 := p99Between(readings[4], readings[5])
+	t.Logf("push convergence P99: %gs in the second fifth (%v pushes), %gs in the last (%v pushes)", second, n2, last, n5)
+	require.Positive(t, n2)
+	require.Positive(t, n5)
+	assert.LessOrEqual(t, last, soakConvergeRoom*second, "push convergence P99 grew")
+}
