@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"strconv"
@@ -84,6 +85,8 @@ type Node struct {
 	podNet      string
 	claim       net.Listener
 	hostIP      string
+	kubeletAPI  *http.Server
+	kubeletPort int32
 	allocatable corev1.ResourceList
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
@@ -151,6 +154,10 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	n.broadcaster = record.NewBroadcaster(record.WithContext(n.ctx))
 	n.broadcaster.StartRecordingToSink(&corev1client.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	n.recorder = n.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: n.opts.Name})
+	if err := n.startKubeletAPI(); err != nil {
+		n.Close()
+		return nil, err
+	}
 	if err := n.startControllers(ctx); err != nil {
 		n.Close()
 		return nil, err
@@ -279,7 +286,10 @@ func (n *Node) nodeObject() *corev1.Node {
 				cond(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "kubenode has no disk pressure"),
 				cond(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "kubenode has sufficient PID available"),
 			},
-			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.hostIP}, {Type: corev1.NodeHostName, Address: n.opts.Name}},
+			// No Hostname address: the API server, preferring it, could not resolve the
+			// name to reach the kubelet API; it takes the InternalIP.
+			Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.hostIP}},
+			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: n.kubeletPort}},
 			NodeInfo: corev1.NodeSystemInfo{OperatingSystem: "linux", Architecture: runtime.GOARCH,
 				KubeletVersion: "v1.37.2-kubenode", KubeProxyVersion: "", ContainerRuntimeVersion: "kubenode://1"},
 		},
@@ -339,6 +349,9 @@ func (n *Node) close() {
 			r.wait()
 		}
 		n.broadcaster.Shutdown()
+	}
+	if n.kubeletAPI != nil {
+		_ = n.kubeletAPI.Close()
 	}
 	if n.claim != nil {
 		n.claim.Close()

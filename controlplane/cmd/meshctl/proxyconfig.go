@@ -14,6 +14,7 @@ import (
 // proxyConfigFlags are what every proxy-config subcommand takes.
 type proxyConfigFlags struct {
 	discoveryFlags
+	kube          kubeFlags
 	admin, output string
 }
 
@@ -29,11 +30,14 @@ prints it as istioctl does: a table, or with -o json / -o yaml the resources the
 The pod (<name>[.<namespace>], namespace default) is looked up in discovery
 (--discoveryAddress): its proxy's admin is on its pod localhost, port 15000 (in the local
 mesh each pod has its own loopback address). --admin gives the admin URL instead, and then
-no pod is needed. On Kubernetes the admin listens on the pod's 127.0.0.1 only: run
-"kubectl port-forward <pod> 15000" and pass --admin http://localhost:15000.`,
+no pod is needed. On Kubernetes (--kubeconfig or --context given) the pod
+(<name>[.<namespace>], else -n, else the context's namespace) is reached as istioctl
+reaches it: a port-forward to its port 15000 through the API server (client-go's, SPDY),
+opened for the command and closed after.`,
 		Example: `  meshctl proxy-config clusters productpage-v1-1 --direction outbound --port 9080
   meshctl proxy-config listeners reviews-v1-1.default -o json
-  meshctl proxy-config routes --admin http://localhost:15000`,
+  meshctl proxy-config routes --admin http://localhost:15000
+  meshctl proxy-config clusters reviews-v1-5d8f -n shop --kubeconfig ~/.kube/config`,
 	}
 	table := func(name string, aliases []string, short string, run func(*cobra.Command, *proxyconfig.Source, string) error) *cobra.Command {
 		var f proxyConfigFlags
@@ -44,14 +48,16 @@ no pod is needed. On Kubernetes the admin listens on the pod's 127.0.0.1 only: r
 			Args:              cobra.MaximumNArgs(1),
 			ValidArgsFunction: f.completePods,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				src, err := f.source(cmd.Context(), args)
+				src, done, err := f.source(cmd.Context(), args)
 				if err != nil {
 					return err
 				}
+				defer done()
 				return run(cmd, src, f.output)
 			},
 		}
 		f.discoveryFlags.add(sub)
+		f.kube.add(sub)
 		sub.Flags().StringVar(&f.admin, "admin", "", "the proxy's admin URL (then no pod is needed)")
 		def := "table"
 		if name == "bootstrap" {
@@ -104,31 +110,32 @@ no pod is needed. On Kubernetes the admin listens on the pod's 127.0.0.1 only: r
 	return cmd
 }
 
-// source finds the admin: --admin, else the pod's proxy as discovery reports it.
-func (f *proxyConfigFlags) source(ctx context.Context, args []string) (*proxyconfig.Source, error) {
+// source finds the admin: --admin, else on Kubernetes a port-forward to the pod's, else
+// the pod's proxy as discovery reports it. done ends what it opened.
+func (f *proxyConfigFlags) source(ctx context.Context, args []string) (src *proxyconfig.Source, done func(), err error) {
+	done = func() {}
 	if err := checkOutput(f.output, "table", "json", "yaml"); err != nil {
-		return nil, err
+		return nil, done, err
 	}
-	var p *proxystatus.Proxy
-	if f.admin == "" {
-		if len(args) == 0 {
-			return nil, fmt.Errorf("name a pod (<name>[.<namespace>]) or give --admin")
-		}
+	if f.admin == "" && len(args) == 0 {
+		return nil, done, fmt.Errorf("name a pod (<name>[.<namespace>]) or give --admin")
+	}
+	pod := ""
+	if len(args) > 0 {
+		pod = args[0]
+	}
+	url, done, err := adminAddress(ctx, f.admin, &f.kube, pod, func() (*proxystatus.Proxy, error) {
 		proxies, err := f.proxies(ctx)
 		if err != nil {
 			return nil, err
 		}
-		found, err := proxystatus.Find(proxies, args[0])
-		if err != nil {
-			return nil, err
-		}
-		p = &found
-	}
-	url, err := adminURL(f.admin, p)
+		found, err := proxystatus.Find(proxies, pod)
+		return &found, err
+	})
 	if err != nil {
-		return nil, err
+		return nil, done, err
 	}
 	return &proxyconfig.Source{Get: func(path string) ([]byte, error) {
 		return proxystatus.Get(ctx, f.client(), url+path)
-	}}, nil
+	}}, done, nil
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,6 +66,7 @@ func checkOutput(o string, allowed ...string) error {
 // proxyStatusCommand is istioctl proxy-status.
 func proxyStatusCommand() *cobra.Command {
 	var df discoveryFlags
+	var kf kubeFlags
 	var output, admin string
 	cmd := &cobra.Command{
 		Use:   "proxy-status [<pod>[.<namespace>]]",
@@ -84,8 +86,8 @@ replica), then --discoveryAddress localhost:15014,localhost:15015.
 With a pod, that proxy only, with the versions sent and acked per type, whether its own
 admin /config_dump holds the versions acked, and whether it holds the resources discovery
 generates for it (RESOURCES, by name). Its admin is found as for proxy-config (its pod
-localhost, port 15000; --admin overrides; on Kubernetes run "kubectl port-forward <pod>
-15000" and pass --admin http://localhost:15000).`,
+localhost, port 15000; --admin overrides; on Kubernetes, --kubeconfig or --context given,
+a port-forward to the pod's port 15000 through the API server).`,
 		Example: `  meshctl proxy-status --discoveryAddress 127.0.0.1:15014
   meshctl proxy-status --discoveryAddress 10.0.0.5:15014,10.0.0.6:15014 -o yaml
   meshctl proxy-status productpage-v1-1.default`,
@@ -106,22 +108,24 @@ localhost, port 15000; --admin overrides; on Kubernetes run "kubectl port-forwar
 				}
 				return proxystatus.WriteTable(cmd.OutOrStdout(), rows)
 			}
-			return proxyStatusOf(cmd, &df, proxies, args[0], admin, output)
+			return proxyStatusOf(cmd, &df, &kf, proxies, args[0], admin, output)
 		},
 	}
 	df.add(cmd)
+	kf.add(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table, json or yaml")
 	cmd.Flags().StringVar(&admin, "admin", "", "the proxy's admin URL (default: http://<pod localhost>:15000, as discovery reports it)")
 	return cmd
 }
 
-func proxyStatusOf(cmd *cobra.Command, df *discoveryFlags, proxies []proxystatus.Proxy, pod, admin, output string) error {
+func proxyStatusOf(cmd *cobra.Command, df *discoveryFlags, kf *kubeFlags, proxies []proxystatus.Proxy, pod, admin, output string) error {
 	p, err := proxystatus.Find(proxies, pod)
 	if err != nil {
 		return err
 	}
 	row := proxystatus.Rows([]proxystatus.Proxy{p})[0]
-	url, err := adminURL(admin, &p)
+	url, done, err := adminAddress(cmd.Context(), admin, kf, pod, func() (*proxystatus.Proxy, error) { return &p, nil })
+	defer done()
 	if err == nil {
 		var body []byte
 		if body, err = proxystatus.Get(cmd.Context(), df.client(), url+"/config_dump?include_eds"); err == nil {
@@ -144,6 +148,31 @@ func proxyStatusOf(cmd *cobra.Command, df *discoveryFlags, proxies []proxystatus
 	return proxystatus.WriteDetail(cmd.OutOrStdout(), row)
 }
 
+// adminPort is the proxy's admin port on its pod localhost (Envoy's, istio-proxy's 15000).
+const adminPort = 15000
+
+// adminAddress is the URL of a proxy's admin: --admin, else on Kubernetes (kube set) a
+// port-forward to the pod's admin port, else the pod localhost discovery reports (lookup).
+// done closes what it opened.
+func adminAddress(ctx context.Context, admin string, kube *kubeFlags, pod string, lookup func() (*proxystatus.Proxy, error)) (url string, done func(), err error) {
+	done = func() {}
+	if admin == "" && kube.set() {
+		addr, closer, err := kube.forward(ctx, pod, adminPort)
+		if err != nil {
+			return "", done, err
+		}
+		return "http://" + addr, closer, nil
+	}
+	var p *proxystatus.Proxy
+	if admin == "" {
+		if p, err = lookup(); err != nil {
+			return "", done, err
+		}
+	}
+	url, err = adminURL(admin, p)
+	return url, done, err
+}
+
 // adminURL is --admin, else the admin of the proxy as discovery reports it: its pod
 // localhost (WASMESH_LOCALHOST) on port 15000 (docs/contracts.md).
 func adminURL(flag string, p *proxystatus.Proxy) (string, error) {
@@ -156,5 +185,5 @@ func adminURL(flag string, p *proxystatus.Proxy) (string, error) {
 	if p == nil || p.Localhost == "" {
 		return "", fmt.Errorf("discovery does not say where the proxy's admin is: pass --admin")
 	}
-	return "http://" + net.JoinHostPort(p.Localhost, "15000"), nil
+	return "http://" + net.JoinHostPort(p.Localhost, strconv.Itoa(adminPort)), nil
 }
