@@ -37,7 +37,7 @@ export WASMESH_BIN_DIR := $(BIN)
 export WASMESH_WASM_DIR := $(WASM_OUT)
 export WASMESH_AS_FIXTURE := $(AS_FIXTURE)
 
-.PHONY: all build deps tools wasm fixtures kube-bin vet test test-unit test-race fuzz mutate bench run run-k8s manifests clean
+.PHONY: all build deps tools wasm fixtures kube-bin vet test test-unit test-race fuzz mutate bench soak run run-k8s manifests clean
 
 all: build
 
@@ -164,6 +164,17 @@ mutate:
 bench: build fixtures
 	@for m in $(MODULES); do echo "go bench $$m"; \
 		(cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...) || exit 1; done
+
+# The soak (testenv/e2e TestSoak): the local mesh at 300 requests/s with a route change every
+# second, a backend scaled down and up every 30 s and a certificate rotation every 5 minutes,
+# for DURATION; it fails on any failed request, on growth of a process's memory, goroutines or
+# descriptors, or of push convergence P99, and logs the figures. make test runs a 150 s one.
+DURATION ?= 30m
+soak: build fixtures
+	@mkdir -p build; echo "soak for $(DURATION), log in build/soak.log"; \
+	(cd testenv && WASMESH_SOAK_DURATION=$(DURATION) WASMESH_REQUIRE_FIXTURES=1 \
+		$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./e2e) > build/soak.log 2>&1; rc=$$?; \
+	grep -E '^(---|ok|FAIL)|soak_test.go|Error' build/soak.log; exit $$rc
 
 # The local mesh: discovery, the sample application's pods (agent -> proxy -> echo) on
 # loopback, steady traffic and a live summary; Ctrl-C drains and stops everything.
