@@ -99,8 +99,8 @@ func (e *globalEnv) begin(extra ...string) (uint32, types.Action) {
 	return id, e.host.CallOnRequestHeaders(id, hs, true)
 }
 
-// answer delivers the service's response to the last call, as a unary call's callbacks
-// do: the message, then close(0).
+// answer delivers the service's response to the last call, as Envoy does for a unary
+// call: proxy_on_grpc_receive alone.
 func (e *globalEnv) answer(t *testing.T, resp *rlsv3.RateLimitResponse) {
 	t.Helper()
 	b, err := proto.Marshal(resp)
@@ -108,7 +108,6 @@ func (e *globalEnv) answer(t *testing.T, resp *rlsv3.RateLimitResponse) {
 	e.grpc.msg = b
 	call := e.grpc.calls[len(e.grpc.calls)-1]
 	e.vm.onGrpcReceive(call.id, uint32(len(b)))
-	e.vm.onGrpcClose(call.id, 0)
 }
 
 // finish runs the response through the filter if the request went on; it returns the

@@ -36,18 +36,14 @@
 // The answer is delivered to the root context (context_id is the root context id, as
 // proxy-wasm-cpp-host's exports.cc makes the root context own every call, like
 // proxy_http_call); the guest makes its stream effective with proxy_set_effective_context
-// before continuing or answering it. A call that succeeded (grpc-status 0) gets, in order,
-// proxy_on_grpc_receive_initial_metadata(root, id, pairs), proxy_on_grpc_receive(root, id,
-// message_size), proxy_on_grpc_receive_trailing_metadata(root, id, pairs) and
-// proxy_on_grpc_close(root, id, 0); a failed one gets the metadata callbacks only for
-// metadata that came, then proxy_on_grpc_close(root, id, code). Callbacks the guest does
-// not export are skipped. This is the order the mesh's contract fixes; Envoy itself, for a
-// unary call, delivers proxy_on_grpc_receive alone on success and proxy_on_grpc_close alone
-// on failure, so a guest meant for both must take the answer in proxy_on_grpc_receive and
-// treat proxy_on_grpc_close(…, 0) after it as a no-op.
+// before continuing or answering it. As Envoy does for a unary call (its async request's
+// onSuccess and onFailure), a call that succeeded (grpc-status 0) gets
+// proxy_on_grpc_receive(root, id, message_size) alone, and a failed one
+// proxy_on_grpc_close(root, id, code) alone; the metadata callbacks belong to streams. (The
+// C++ SDK's GrpcCallHandler, for one, takes a close after a receive for a failure.)
 //
-// During these callbacks the metadata maps (GrpcReceiveInitialMetadata 4,
-// GrpcReceiveTrailingMetadata 5) are readable (not writable), the message is the
+// During either callback the response's metadata maps (GrpcReceiveInitialMetadata 4,
+// GrpcReceiveTrailingMetadata 5) are readable (not writable; a wasmesh extension), the message is the
 // GrpcReceiveBuffer (5) during proxy_on_grpc_receive only (as in Envoy), and
 // proxy_get_status returns the grpc-status and grpc-message. The host times a call out
 // with its Clock: DEADLINE_EXCEEDED (4), message "timeout". A dispatcher that fails
@@ -55,7 +51,7 @@
 // error's text. proxy_grpc_cancel and proxy_grpc_close (the same for a unary call, as in
 // Envoy) end a pending call: no callback follows, the dispatcher's context is cancelled
 // with ErrGRPCCallCancelled; an unknown id is NotFound. The id stays known until
-// proxy_on_grpc_close returns, as in Envoy. Closing the plugin or losing the
+// its callback returns, as in Envoy. Closing the plugin or losing the
 // VM cancels pending calls (cause ErrClosed) without callbacks. Streaming calls
 // (proxy_grpc_stream, proxy_grpc_send) return Unimplemented.
 //

@@ -305,10 +305,11 @@ func (vc *vmCall) proxyGRPCCancel(ctx context.Context, s []uint64) Status {
 	return StatusOK
 }
 
-// deliverGRPCCall runs the call's callbacks in the root context: for a success initial
-// metadata, the message, trailing metadata and close(0); for a failure the metadata that
-// came, if any, then close(code). The guest may cancel or close the call in any of them,
-// which stops the rest.
+// deliverGRPCCall runs the call's one callback in the root context, as Envoy does for a
+// unary call (its async request's onSuccess and onFailure): proxy_on_grpc_receive with the
+// message when the call succeeded, proxy_on_grpc_close with the code when it failed. The
+// response's metadata maps are readable during either. The call is forgotten after its
+// callback (a cancel inside it is still Ok and does nothing).
 func (v *vm) deliverGRPCCall(token uint32, pc *pendingCall, resp *GRPCCallResponse) {
 	if !v.alive() || v.grpcCalls[token] != pc {
 		return
@@ -316,33 +317,15 @@ func (v *vm) deliverGRPCCall(token uint32, pc *pendingCall, resp *GRPCCallRespon
 	if pc.stop != nil {
 		pc.stop()
 	}
-	ok := resp.Status == GRPCStatusOK
-	steps := []struct {
-		fn   string
-		n    int
-		skip bool
-	}{
-		{fnOnGRPCReceiveInitialMetadata, len(resp.InitialMetadata), !ok && len(resp.InitialMetadata) == 0},
-		{fnOnGRPCReceive, len(resp.Message), !ok},
-		{fnOnGRPCReceiveTrailingMetadata, len(resp.TrailingMetadata), !ok && len(resp.TrailingMetadata) == 0},
-		{fnOnGRPCClose, int(resp.Status), false},
+	fn, n := fnOnGRPCClose, int(resp.Status)
+	if resp.Status == GRPCStatusOK {
+		fn, n = fnOnGRPCReceive, len(resp.Message)
 	}
-	for _, st := range steps {
-		if !v.alive() || v.grpcCalls[token] != pc {
-			return
-		}
-		if st.skip {
-			continue
-		}
-		vc := &vmCall{vm: v, effective: v.rootID, callback: st.fn, grpcResp: resp,
-			grpcReceive: st.fn == fnOnGRPCReceive}
-		if _, _, err := v.call(vc, st.fn, uint64(v.rootID), uint64(token), uint64(st.n)); err != nil {
-			v.in.fail(v, err, nil) // kills the VM, its calls with it
-			return
-		}
+	vc := &vmCall{vm: v, effective: v.rootID, callback: fn, grpcResp: resp, grpcReceive: fn == fnOnGRPCReceive}
+	if _, _, err := v.call(vc, fn, uint64(v.rootID), uint64(token), uint64(n)); err != nil {
+		v.in.fail(v, err, nil) // kills the VM, its calls with it
+		return
 	}
-	// As in Envoy, the call is forgotten after its close callback (a cancel inside it is
-	// still Ok and does nothing).
 	if v.grpcCalls[token] == pc {
 		delete(v.grpcCalls, token)
 	}

@@ -93,9 +93,9 @@ func noUnknownCalls(t *testing.T, f *fixture) {
 	}
 }
 
-// A call that succeeds: the request as the guest made it, then initial metadata, the
-// message (GrpcReceiveBuffer), trailing metadata and close(0), in the root context, and
-// the guest resumes its stream.
+// A call that succeeds: the request as the guest made it, then proxy_on_grpc_receive alone
+// (as Envoy's unary call), the message in GrpcReceiveBuffer, in the root context, and the
+// guest resumes its stream.
 func TestGRPCCallSuccess(t *testing.T) {
 	up := &grpcUpstream{answer: func(req *GRPCCallRequest) (*GRPCCallResponse, error) {
 		return &GRPCCallResponse{
@@ -108,8 +108,7 @@ func TestGRPCCallSuccess(t *testing.T) {
 	h := grpcRequest(t, f, "grpc", [2]string{"x-grpc-message", "hello"}, [2]string{"x-grpc-md", "k1=v1,k2=v2"})()
 	assert.Equal(t, "0", hget(h, "x-grpc-call"))
 	assert.Equal(t, "1", hget(h, "x-grpc-id"), "call ids are odd, from 1")
-	assert.Equal(t, "imd(2:content-type=application/grpc;x-a=1:0)|msg(8:re:hello:0:0)|tmd(1:x-t=2:0)|close(0:0::buf=1)",
-		hget(h, "x-grpc-trace"))
+	assert.Equal(t, "msg(8:re:hello:0:0:content-type=application/grpc;x-a=1#x-t=2)", hget(h, "x-grpc-trace"))
 	req, callCtx, _ := up.call(0)
 	assert.Equal(t, &GRPCCallRequest{Cluster: "rls", Authority: "rls.example",
 		Service: "envoy.service.ratelimit.v3.RateLimitService", Method: "ShouldRateLimit",
@@ -128,15 +127,15 @@ func TestGRPCCallToAPlainClusterName(t *testing.T) {
 	f := grpcFixture(t, `{"grpc": {"target": "outbound|8081||ratelimit.default.svc.cluster.local", "service": "s", "method": "m"}}`,
 		Environment{GRPCCalls: up})
 	h := grpcRequest(t, f, "grpc")()
-	assert.Equal(t, "imd(0::0)|msg(2:ok:0:0)|tmd(0::0)|close(0:0::buf=1)", hget(h, "x-grpc-trace"))
+	assert.Equal(t, "msg(2:ok:0:0:#)", hget(h, "x-grpc-trace"))
 	req, _, _ := up.call(0)
 	assert.Equal(t, "outbound|8081||ratelimit.default.svc.cluster.local", req.Cluster)
 	assert.Empty(t, req.Authority)
 	assert.Zero(t, req.Timeout)
 }
 
-// A call answered with an error status: no message, the metadata that came, close(code)
-// with grpc-message through proxy_get_status.
+// A call answered with an error status: no message, proxy_on_grpc_close(code) alone, with
+// grpc-message through proxy_get_status.
 func TestGRPCCallErrorStatus(t *testing.T) {
 	up := &grpcUpstream{answer: func(*GRPCCallRequest) (*GRPCCallResponse, error) {
 		return &GRPCCallResponse{TrailingMetadata: [][2]string{{"grpc-status", "7"}},
@@ -144,7 +143,7 @@ func TestGRPCCallErrorStatus(t *testing.T) {
 	}}
 	f := grpcFixture(t, grpcTestConfig, Environment{GRPCCalls: up})
 	h := grpcRequest(t, f, "grpc")()
-	assert.Equal(t, "tmd(1:grpc-status=7:0)|close(7:7:denied:buf=1)", hget(h, "x-grpc-trace"))
+	assert.Equal(t, "close(7:7:denied:buf=1)", hget(h, "x-grpc-trace"))
 
 	// A dispatcher that fails without an answer: UNAVAILABLE with its error's text.
 	up.answer = func(*GRPCCallRequest) (*GRPCCallResponse, error) {
@@ -198,19 +197,20 @@ func TestGRPCCallCancel(t *testing.T) {
 	noUnknownCalls(t, f)
 }
 
-// Cancelling from inside a callback stops the callbacks that would follow.
+// Cancelling from inside the callback: the call is still known there, as in Envoy (Ok),
+// and nothing follows.
 func TestGRPCCallCancelInACallback(t *testing.T) {
-	up := &grpcUpstream{answer: func(*GRPCCallRequest) (*GRPCCallResponse, error) {
-		return &GRPCCallResponse{InitialMetadata: [][2]string{{"x", "y"}}, Message: []byte("m")}, nil
-	}}
+	up := &grpcUpstream{}
 	f := grpcFixture(t, grpcTestConfig, Environment{GRPCCalls: up})
-	for _, tc := range []struct{ at, trace string }{
-		{"imd", "imd(1:x=y:0)|cancel=0"},
-		{"msg", "imd(1:x=y:0)|msg(1:m:0:0)|cancel=0"},
-		// At close the call is still known, as in Envoy: Ok, and nothing follows anyway.
-		{"close", "imd(1:x=y:0)|msg(1:m:0:0)|tmd(0::0)|close(0:0::buf=1)|cancel=0"},
+	for _, tc := range []struct {
+		at, trace string
+		resp      *GRPCCallResponse
+	}{
+		{"msg", "msg(1:m:0:0:x=y#)|cancel=0", &GRPCCallResponse{InitialMetadata: [][2]string{{"x", "y"}}, Message: []byte("m")}},
+		{"close", "close(9:9::buf=1)|cancel=0", &GRPCCallResponse{Status: 9}},
 	} {
 		t.Run(tc.at, func(t *testing.T) {
+			up.answer = func(*GRPCCallRequest) (*GRPCCallResponse, error) { return tc.resp, nil }
 			h := grpcRequest(t, f, "grpc-cancel-in-"+tc.at)()
 			assert.Equal(t, tc.trace, hget(h, "x-grpc-trace"))
 		})

@@ -145,7 +145,7 @@ func grpcEvent(token uint32, name, what string) {
 		return
 	}
 	c.trace = append(c.trace, name+"("+what+")")
-	end := name == "close"
+	end := name == "close" || name == "msg" // a unary call gets one of the two
 	if c.cancelIn == name {
 		c.trace = append(c.trace, "cancel="+strconv.Itoa(int(rawGRPCCancel(token))))
 		end = true
@@ -168,10 +168,15 @@ func onGRPCInitialMetadata(token, n uint32) {
 	grpcEvent(token, "imd", strconv.Itoa(int(n))+":"+decodePairs(md)+":"+strconv.Itoa(int(st)))
 }
 
+// onGRPCReceive records the message, the status and the response's metadata (initial,
+// then trailing), all read during the one callback a successful unary call gets.
 func onGRPCReceive(token, size uint32) {
 	b, st := rawGetBuffer(5, 0, size)
 	code, msg := rawGetStatus()
-	grpcEvent(token, "msg", strconv.Itoa(int(size))+":"+string(b)+":"+strconv.Itoa(int(st))+":"+strconv.Itoa(int(code))+msg)
+	imd, _ := rawGetMap(4)
+	tmd, _ := rawGetMap(5)
+	grpcEvent(token, "msg", strconv.Itoa(int(size))+":"+string(b)+":"+strconv.Itoa(int(st))+":"+strconv.Itoa(int(code))+msg+
+		":"+decodePairs(imd)+"#"+decodePairs(tmd))
 }
 
 func onGRPCTrailingMetadata(token, n uint32) {
