@@ -2,7 +2,7 @@
 
 // Package deploy_test checks the samples that attach the mesh's filters to proxies, as
 // users write them: each parses strictly into Istio's API types, each EnvoyFilter patch
-// decodes into Envoy's Wasm HTTP filter and passes its validation, and the plugin
+// decodes into Envoy's Wasm HTTP or network filter and passes its validation, and the plugin
 // configuration each sample carries configures the real filter, built to .wasm and run in
 // wazero, with the behaviour the sample's comments promise.
 package deploy_test
@@ -21,10 +21,13 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	wasmnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/wasm/v3"
+	wasmextv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -67,11 +70,12 @@ func load(t *testing.T, file string, spec proto.Message) document {
 
 // plugin is what a sample gives a proxy: which filter module, and its configuration.
 type plugin struct {
-	filter string // the filter's source directory under filters/
-	name   string
-	vmID   string
-	config []byte
-	fail   bool // fail open
+	filter  string // the filter's source directory under filters/
+	name    string
+	vmID    string
+	config  []byte
+	fail    bool // fail open
+	network bool // a network (TCP) filter
 }
 
 // filterDir maps a module path in a sample (/etc/istio/extensions/<name>.wasm) to the
@@ -98,23 +102,36 @@ func envoyFilterPlugins(t *testing.T, file string) []plugin {
 
 	var plugins []plugin
 	for i, p := range ef.GetConfigPatches() {
-		assert.Equal(t, networking.EnvoyFilter_HTTP_FILTER, p.GetApplyTo(), "patch %d", i)
 		assert.Equal(t, networking.EnvoyFilter_Patch_INSERT_BEFORE, p.GetPatch().GetOperation(), "patch %d", i)
-		assert.Equal(t, "envoy.filters.http.router",
-			p.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName(),
-			"patch %d goes before the router", i)
-
-		// The patch value is an HttpFilter as Envoy reads it from the listener.
 		value, err := protojson.Marshal(p.GetPatch().GetValue())
 		require.NoError(t, err)
-		var hf hcmv3.HttpFilter
-		require.NoError(t, protojson.Unmarshal(value, &hf), "patch %d value", i)
-		require.NoError(t, hf.ValidateAll(), "patch %d value", i)
-		var w wasmv3.Wasm
-		require.NoError(t, hf.GetTypedConfig().UnmarshalTo(&w), "patch %d typed_config", i)
-		require.NoError(t, w.ValidateAll(), "patch %d Wasm", i)
-
-		cfg := w.GetConfig()
+		var cfg *wasmextv3.PluginConfig
+		network := p.GetApplyTo() == networking.EnvoyFilter_NETWORK_FILTER
+		if network {
+			// Before tcp_proxy: a listener Filter holding Envoy's Wasm network filter.
+			assert.Equal(t, "envoy.filters.network.tcp_proxy", p.GetMatch().GetListener().GetFilterChain().GetFilter().GetName(),
+				"patch %d goes before tcp_proxy", i)
+			var lf listenerv3.Filter
+			require.NoError(t, protojson.Unmarshal(value, &lf), "patch %d value", i)
+			require.NoError(t, lf.ValidateAll(), "patch %d value", i)
+			var w wasmnetv3.Wasm
+			require.NoError(t, lf.GetTypedConfig().UnmarshalTo(&w), "patch %d typed_config", i)
+			require.NoError(t, w.ValidateAll(), "patch %d Wasm", i)
+			cfg = w.GetConfig()
+		} else {
+			assert.Equal(t, networking.EnvoyFilter_HTTP_FILTER, p.GetApplyTo(), "patch %d", i)
+			assert.Equal(t, "envoy.filters.http.router",
+				p.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName(),
+				"patch %d goes before the router", i)
+			// The patch value is an HttpFilter as Envoy reads it from the listener.
+			var hf hcmv3.HttpFilter
+			require.NoError(t, protojson.Unmarshal(value, &hf), "patch %d value", i)
+			require.NoError(t, hf.ValidateAll(), "patch %d value", i)
+			var w wasmv3.Wasm
+			require.NoError(t, hf.GetTypedConfig().UnmarshalTo(&w), "patch %d typed_config", i)
+			require.NoError(t, w.ValidateAll(), "patch %d Wasm", i)
+			cfg = w.GetConfig()
+		}
 		var conf wrapperspb.StringValue
 		require.NoError(t, cfg.GetConfiguration().UnmarshalTo(&conf),
 			"patch %d: the plugin configuration is a StringValue, Istio's convention", i)
@@ -122,7 +139,7 @@ func envoyFilterPlugins(t *testing.T, file string) []plugin {
 		plugins = append(plugins, plugin{
 			filter: filterDir(t, cfg.GetVmConfig().GetCode().GetLocal().GetFilename()),
 			name:   cfg.GetName(), vmID: cfg.GetVmConfig().GetVmId(),
-			config: []byte(conf.GetValue()), fail: cfg.GetFailOpen(),
+			config: []byte(conf.GetValue()), fail: cfg.GetFailOpen(), network: network,
 		})
 	}
 	return plugins
@@ -185,18 +202,29 @@ func requestsTotal(t *testing.T, rep *harness.Report) string {
 
 func TestTelemetryEnvoyFilter(t *testing.T) {
 	plugins := envoyFilterPlugins(t, "telemetry.envoyfilter.yaml")
-	require.Len(t, plugins, 2, "one patch per direction")
+	require.Len(t, plugins, 4, "HTTP and TCP, one patch per direction each")
+	var vms []string
 	for _, p := range plugins {
-		h := start(t, p, reviewsNode)
+		var cfg struct {
+			Reporter string
+			Network  bool
+		}
+		require.NoError(t, json.Unmarshal(p.config, &cfg))
+		assert.Equal(t, p.network, cfg.Network, "%s: \"network\" says which filter type loads it", p.name)
+		h := start(t, p, reviewsNode) // the plugin starts with the sample's configuration
+		if p.network {
+			vms = append(vms, p.vmID)
+			continue // its TCP connections are run by meshproxy's e2e test
+		}
 		name := requestsTotal(t, do(t, h))
 		// The dimensions the sample adds are in the name, for the pod's extraStatTags.
 		assert.Contains(t, name, "request_host=.=reviews:9080;.;")
 		assert.Contains(t, name, "request_method=.=GET;.;")
-		var cfg struct{ Reporter string }
-		require.NoError(t, json.Unmarshal(p.config, &cfg))
 		assert.Contains(t, name, "reporter=.="+cfg.Reporter+";.;", p.name)
 	}
-	assert.Equal(t, plugins[0].vmID, plugins[1].vmID, "both directions share one VM")
+	assert.Equal(t, plugins[0].vmID, plugins[1].vmID, "both HTTP directions share one VM")
+	require.Len(t, vms, 2)
+	assert.Equal(t, vms[0], vms[1], "both TCP directions share one VM")
 }
 
 func TestTelemetryWasmPlugin(t *testing.T) {
