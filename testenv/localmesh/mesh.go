@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/wasmesh/wasmesh/testenv/internal/httpget"
+	"github.com/wasmesh/wasmesh/testenv/meshview"
 )
 
 // Options configure a mesh.
@@ -443,14 +444,9 @@ func freePort(ip string) (int, error) {
 
 // ConfigProblem is a config document discovery does not hold wholly in force, as
 // /debug/configz reports it: rejected (with or without a last good version kept), ignored
-// or partly applied, with the file, the document's position and why.
-type ConfigProblem struct {
-	File     string `json:"file"`
-	Document int    `json:"document"`
-	Config   string `json:"config"`
-	Status   string `json:"status"`
-	Error    string `json:"error"`
-}
+// or partly applied, with the file, the document's position and why. The mesh page shows
+// the same type.
+type ConfigProblem = meshview.Rejected
 
 // ConfigProblems reads discovery's /debug/configz for the documents not wholly in force.
 func (m *Mesh) ConfigProblems(ctx context.Context) ([]ConfigProblem, error) {

@@ -158,13 +158,6 @@ func (m *Mesh) ViewSources(prom *promserver.Server) meshview.Sources {
 			}
 			return out
 		},
-		Rejected: func(ctx context.Context) ([]meshview.Rejected, error) {
-			problems, err := m.ConfigProblems(ctx)
-			out := make([]meshview.Rejected, 0, len(problems))
-			for _, p := range problems {
-				out = append(out, meshview.Rejected(p))
-			}
-			return out, err
-		},
+		Rejected: m.ConfigProblems,
 	}
 }

@@ -63,7 +63,8 @@ type Proxy struct {
 	Types     []proxystatus.TypeState `json:"types"`
 }
 
-// Rejected is a config document not in force.
+// Rejected is a config document not wholly in force, as discovery's /debug/configz reports
+// it: the file, the document's position, its config, its status and why.
 type Rejected struct {
 	File     string `json:"file"`
 	Document int    `json:"document"`
