@@ -33,14 +33,7 @@ const NetworkTypeURL = "type.googleapis.com/envoy.extensions.filters.network.was
 // continues. A guest that cannot start a connection fails it (closes it), unless the plugin
 // fails open.
 func (m *Manager) NetworkFactory(li hcm.ListenerInfo, name string, a *anypb.Any) (func(listener.NetworkFilter) listener.NetworkFilter, error) {
-	w := &wasmnetv3.Wasm{}
-	if err := a.UnmarshalTo(w); err != nil {
-		return nil, err
-	}
-	if err := w.ValidateAll(); err != nil {
-		return nil, err
-	}
-	p, failOpen, err := m.plugin(name, w.GetConfig())
+	p, failOpen, err := m.pluginOf(name, a, &wasmnetv3.Wasm{})
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	wasmhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -137,19 +138,31 @@ func (m *Manager) external() []stats.ExternalStat {
 // Factory builds the filter config of an envoy.filters.http.wasm filter. A module that
 // cannot be fetched, compiled, started or configured is an error (the resource is NACKed).
 func (m *Manager) Factory(hctx *hcm.Context, name string, a *anypb.Any) (hcm.FilterConfig, error) {
-	w := &wasmhttpv3.Wasm{}
-	if err := a.UnmarshalTo(w); err != nil {
-		return nil, err
-	}
-	if err := w.ValidateAll(); err != nil {
-		return nil, err
-	}
-	p, failOpen, err := m.plugin(name, w.GetConfig())
+	p, failOpen, err := m.pluginOf(name, a, &wasmhttpv3.Wasm{})
 	if err != nil {
 		return nil, err
 	}
 	sc := m.opts.Store.Scope("wasm." + p.Name())
 	return &Config{plugin: p, failOpen: failOpen, failures: sc.Counter("failed_streams"), bufs: hctx.Buffers}, nil
+}
+
+// wasmConfig is the configuration of Envoy's HTTP or network Wasm filter.
+type wasmConfig interface {
+	proto.Message
+	ValidateAll() error
+	GetConfig() *wasmv3.PluginConfig
+}
+
+// pluginOf decodes a Wasm filter's configuration a into w, validates it and returns its
+// plugin and whether it fails open.
+func (m *Manager) pluginOf(name string, a *anypb.Any, w wasmConfig) (*host.Plugin, bool, error) {
+	if err := a.UnmarshalTo(w); err != nil {
+		return nil, false, err
+	}
+	if err := w.ValidateAll(); err != nil {
+		return nil, false, err
+	}
+	return m.plugin(name, w.GetConfig())
 }
 
 // plugin returns the plugin of a Wasm filter's configuration (HTTP or network), shared by
