@@ -95,6 +95,16 @@ type Loader struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	stdout *bufio.Scanner
+	// Synced is what the clients went through until all held their config.
+	Synced Sync
+}
+
+// Sync is xdsload's ready line: clients whose stream was refused or failed at least once,
+// their reconnections (after Envoy's jittered backoff), and the time from the first dial
+// until the last client held its config.
+type Sync struct {
+	Refused, Retries int
+	After            time.Duration
 }
 
 // LoaderBinary finds xdsload: $WASMESH_BIN_DIR/xdsload when make built it, else go build.
@@ -120,7 +130,18 @@ func Binary(tmp, name string) (string, error) {
 // StartLoader starts proxies clients against addr and waits until all have their config;
 // namespaces > 0 spreads them over that many client namespaces.
 func StartLoader(ctx context.Context, bin, addr string, proxies int, delta bool, namespaces int) (*Loader, error) {
-	args := []string{"--addr", addr, "--proxies", strconv.Itoa(proxies), "--namespaces", strconv.Itoa(namespaces)}
+	return startLoader(ctx, bin, []string{"--addr", addr, "--proxies", strconv.Itoa(proxies), "--namespaces", strconv.Itoa(namespaces)}, delta)
+}
+
+// StartStorm starts proxies clients against addr all at once, each reconnecting after
+// Envoy's jittered backoff (base 0.5 s, at most 5 s as in the agent's bootstrap) while
+// refused, and waits until all have their config (Loader.Synced says how it went).
+func StartStorm(ctx context.Context, bin, addr string, proxies int, delta bool) (*Loader, error) {
+	return startLoader(ctx, bin, []string{"--addr", addr, "--proxies", strconv.Itoa(proxies), "--dialers", "0",
+		"--retry-base", "500ms", "--retry-max", "5s"}, delta)
+}
+
+func startLoader(ctx context.Context, bin string, args []string, delta bool) (*Loader, error) {
 	if delta {
 		args = append(args, "--delta")
 	}
@@ -149,10 +170,12 @@ func StartLoader(ctx context.Context, bin, addr string, proxies int, delta bool,
 		l.Stop()
 		return nil, err
 	}
-	if line != "ready" {
+	var ms int64
+	if _, err := fmt.Sscanf(line, "ready refused=%d retries=%d synced-ms=%d", &l.Synced.Refused, &l.Synced.Retries, &ms); err != nil {
 		l.Stop()
 		return nil, fmt.Errorf("xdsload: %s", line)
 	}
+	l.Synced.After = time.Duration(ms) * time.Millisecond
 	return l, nil
 }
 

@@ -1,7 +1,11 @@
 // Command xdsload connects many ADS clients (thin proxies) to an xDS server and reports
 // convergence for the push benchmark. It reads commands on stdin and answers on stdout:
 //
-//	ready                      printed once every client has CDS, EDS, LDS and RDS
+//	ready refused=<n> retries=<n> synced-ms=<n>
+//	                           printed once every client has CDS, EDS, LDS and RDS: how many
+//	                           clients had a stream refused or failed at least once before
+//	                           that, how many reconnections they made, and the time from the
+//	                           first dial to the last client holding its config
 //	cluster <name> [namespace] wait until every client (in namespace) has the cluster and its
 //	                           endpoints
 //	endpoint <cluster> <addr>  wait until every client's assignment for cluster has addr
@@ -14,6 +18,12 @@
 //	                           responses of earlier changes does not fall into the next
 //	                           measurement (the clients hold gigabytes at 2000 proxies)
 //
+// A client whose stream is refused or fails before it holds its config reconnects after a
+// jittered exponential backoff, as Envoy's xDS stream does (JitteredExponentialBackOffStrategy:
+// a delay drawn uniformly below an interval that starts at --retry-base and doubles up to
+// --retry-max, reset once a response arrives; the agent's bootstrap sets 0.5 s and 5 s).
+// --retry-base 0 turns retries off: the first failure is the run's error.
+//
 // Each command answers "done <unix-nanos of the last ACK> <clients>" or "error <message>";
 // the last ACK is the latest among all clients, so clients a change does not concern add
 // nothing to it.
@@ -25,11 +35,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -60,6 +72,9 @@ type options struct {
 	// namespaces spreads the proxies over bench.ClientNamespace(0..n-1), round robin; 0
 	// keeps them all in "load".
 	namespaces int
+	// retryBase and retryMax are the reconnect backoff (Envoy's retry_back_off); a zero
+	// retryBase turns retries off.
+	retryBase, retryMax time.Duration
 }
 
 func newCommand() *cobra.Command {
@@ -88,7 +103,9 @@ func newCommand() *cobra.Command {
 	cmd.Flags().IntVar(&o.proxies, "proxies", 100, "number of proxies (one gRPC connection each)")
 	cmd.Flags().BoolVar(&o.delta, "delta", false, "use delta xDS")
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up waiting after this long")
-	cmd.Flags().IntVar(&o.dialers, "dialers", 50, "connections opened concurrently")
+	cmd.Flags().IntVar(&o.dialers, "dialers", 50, "clients taking their initial config concurrently (0: all at once, a connection storm)")
+	cmd.Flags().DurationVar(&o.retryBase, "retry-base", 500*time.Millisecond, "reconnect backoff's base interval (Envoy's retry_back_off base_interval; 0: no retries)")
+	cmd.Flags().DurationVar(&o.retryMax, "retry-max", 5*time.Second, "reconnect backoff's maximum interval (the agent's bootstrap: 5 s)")
 	cmd.Flags().StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of the load client here")
 	cmd.Flags().BoolVar(&o.grpcGo, "grpc-go", false, "run the clients on grpc-go (four goroutines and their hand-offs per client) instead of h2grpc (one)")
 	cmd.Flags().IntVar(&o.namespaces, "namespaces", 0, "spread the proxies over this many client namespaces (0: all in \"load\")")
@@ -126,25 +143,31 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 	// o.dialers clients take their initial config at a time, so none waits for the CPU long
 	// enough for the server to give up on it (a client that does not read for the keepalive
 	// timeout is cut by the kernel, TCP_USER_TIMEOUT), as Envoys starting in a rollout.
+	// o.dialers 0 starts them all at once, as Envoys reconnecting to a restarted server.
 	var wg sync.WaitGroup
 	errs := make(chan error, o.proxies)
-	sem := make(chan struct{}, o.dialers)
+	dialers := o.dialers
+	if dialers <= 0 {
+		dialers = max(o.proxies, 1)
+	}
+	sem := make(chan struct{}, dialers)
+	var st stormStats
+	start := time.Now()
+	deadline, cancelDeadline := context.WithTimeout(ctx, o.timeout)
+	defer cancelDeadline()
 	for i := range proxies {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func(i int) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			p, err := connect(ctx, o, i)
-			if err == nil {
-				proxies[i] = p
-				wctx, cancel := context.WithTimeout(ctx, o.timeout)
-				err = p.c.Wait(wctx, configured)
-				cancel()
-			}
+			p, err := syncClient(ctx, deadline, o, i, &st)
 			if err != nil {
 				errs <- err
+				return
 			}
+			proxies[i] = p
+			st.synced(time.Since(start))
 		}(i)
 	}
 	wg.Wait()
@@ -156,7 +179,7 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 	for _, p := range proxies {
 		p.c.TrimLog()
 	}
-	fmt.Fprintln(out, "ready")
+	fmt.Fprintf(out, "ready refused=%d retries=%d synced-ms=%d\n", st.refused.Load(), st.retries.Load(), st.last.Load()/int64(time.Millisecond))
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -222,6 +245,71 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 		fmt.Fprintf(out, "done %d %d\n", last.UnixNano(), n)
 	}
 	return sc.Err()
+}
+
+// stormStats counts what the clients went through before all held their config.
+type stormStats struct {
+	refused, retries atomic.Int64
+	// last is the latest time, from the first dial, at which a client held its config.
+	last atomic.Int64
+}
+
+func (s *stormStats) synced(after time.Duration) {
+	for {
+		old := s.last.Load()
+		if int64(after) <= old || s.last.CompareAndSwap(old, int64(after)) {
+			return
+		}
+	}
+}
+
+// backoff is Envoy's JitteredExponentialBackOffStrategy: each delay is drawn uniformly
+// from [0, interval); the interval starts at base and doubles up to max; reset starts over.
+type backoff struct{ base, max, interval time.Duration }
+
+func (b *backoff) next() time.Duration {
+	d := b.interval
+	if b.interval < b.max/2 {
+		b.interval *= 2
+	} else {
+		b.interval = b.max
+	}
+	return min(time.Duration(rand.Int64N(int64(d))), b.max)
+}
+
+func (b *backoff) reset() { b.interval = b.base }
+
+// syncClient connects client i and waits until it holds its config, reconnecting after a
+// backoff while its stream is refused or fails (each reconnection counted in st), until
+// deadline.
+func syncClient(ctx, deadline context.Context, o options, i int, st *stormStats) (*proxy, error) {
+	bo := backoff{base: o.retryBase, max: max(o.retryMax, o.retryBase), interval: o.retryBase}
+	for attempt := 0; ; attempt++ {
+		p, err := connect(ctx, o, i)
+		if err == nil {
+			if err = p.c.Wait(deadline, configured); err == nil {
+				return p, nil
+			}
+			if len(p.c.Responses()) > 0 {
+				bo.reset() // Envoy resets its backoff when a response arrives
+			}
+			p.close()
+		}
+		if o.retryBase <= 0 || deadline.Err() != nil {
+			return nil, fmt.Errorf("client %d: %w", i, err)
+		}
+		if attempt == 0 {
+			st.refused.Add(1)
+		}
+		st.retries.Add(1)
+		t := time.NewTimer(bo.next())
+		select {
+		case <-t.C:
+		case <-deadline.Done():
+			t.Stop()
+			return nil, fmt.Errorf("client %d: %w (after %d attempts)", i, err, attempt+1)
+		}
+	}
 }
 
 func connect(ctx context.Context, o options, i int) (*proxy, error) {
