@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -221,6 +223,9 @@ func serviceMetric(t *testing.T, ctx context.Context, m *localmesh.Mesh, name st
 func TestGlobalQuota(t *testing.T) {
 	m, ctx, c := globalQuotaMesh(t)
 
+	t.Run("the front end's proxy has the service's cluster", func(t *testing.T) {
+		requireRateLimitCluster(t, ctx, c.pods[0], m.RateLimit().GRPCAddr())
+	})
 	t.Run("shared limit", func(t *testing.T) { requireSharedLimit(t, c) })
 
 	t.Run("shadow mode counts without rejecting", func(t *testing.T) {
@@ -274,4 +279,46 @@ func requireAllRunning(t *testing.T, m *localmesh.Mesh, c *frontendClient) {
 		require.True(t, p.Running(), "%s runs", p.Spec.Name)
 	}
 	require.True(t, m.RateLimit().Running(), "the rate-limit service runs")
+}
+
+// requireRateLimitCluster: the proxy's config_dump has the cluster discovery made of the
+// ServiceEntry, EDS and HTTP/2 (protocol GRPC), with the service's address as its endpoint.
+func requireRateLimitCluster(t *testing.T, ctx context.Context, p *localmesh.Pod, serviceAddr string) {
+	t.Helper()
+	b, err := p.Admin(ctx, "/config_dump?include_eds")
+	require.NoError(t, err)
+	var dump struct {
+		Configs []struct {
+			DynamicActiveClusters []struct {
+				Cluster struct {
+					Name                          string          `json:"name"`
+					Type                          string          `json:"type"`
+					TypedExtensionProtocolOptions json.RawMessage `json:"typed_extension_protocol_options"`
+				} `json:"cluster"`
+			} `json:"dynamic_active_clusters"`
+			DynamicEndpointConfigs []struct {
+				EndpointConfig json.RawMessage `json:"endpoint_config"`
+			} `json:"dynamic_endpoint_configs"`
+		} `json:"configs"`
+	}
+	require.NoError(t, json.Unmarshal(b, &dump))
+	var found, endpoint bool
+	for _, c := range dump.Configs {
+		for _, dc := range c.DynamicActiveClusters {
+			if dc.Cluster.Name == localmesh.RateLimitCluster {
+				found = true
+				assert.Equal(t, "EDS", dc.Cluster.Type)
+				assert.Contains(t, string(dc.Cluster.TypedExtensionProtocolOptions), "http2_protocol_options", "gRPC needs HTTP/2")
+			}
+		}
+		for _, e := range c.DynamicEndpointConfigs {
+			s := string(e.EndpointConfig)
+			if strings.Contains(s, localmesh.RateLimitCluster) {
+				host, port, _ := net.SplitHostPort(serviceAddr)
+				endpoint = strings.Contains(s, host) && strings.Contains(s, port)
+			}
+		}
+	}
+	assert.True(t, found, "%s has the cluster %s", p.Spec.Name, localmesh.RateLimitCluster)
+	assert.True(t, endpoint, "its endpoint is the service's address")
 }
