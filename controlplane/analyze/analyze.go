@@ -207,9 +207,13 @@ type input struct {
 	// clusterServices), then the files'.
 	kubeServices    []*corev1.Service
 	clusterServices int
-	// cluster says the input holds a live cluster's state: pods are its running pods.
-	cluster bool
-	pods    []*corev1.Pod
+	// cluster says the input holds a live cluster's state: pods are its running pods,
+	// clusterRejected its objects discovery rejects. rejectedKeys are the files' documents
+	// rejected that name their config.
+	cluster         bool
+	pods            []*corev1.Pod
+	clusterRejected []*config.Error
+	rejectedKeys    []config.Key
 }
 
 // kubeService reads a document as a Kubernetes Service, nil when it is not one.
@@ -256,6 +260,7 @@ func (in *input) add(file string, data []byte) {
 		m := newMessage(Error, "IST0106", "Schema validation error: %s", fieldError(d.Err))
 		if d.Key != nil {
 			m.Origin, m.namespace = d.Key.String(), d.Key.Namespace
+			in.rejectedKeys = append(in.rejectedKeys, *d.Key)
 		}
 		m.Reference = at.ref(lastField(d.Err.Field), "")
 		in.problems = append(in.problems, m)

@@ -68,24 +68,32 @@ func (in *input) addCluster(c *Cluster) {
 		in.docs = append(in.docs, d)
 		in.byKind[cfg.Kind] = append(in.byKind[cfg.Kind], d)
 	}
-	for _, e := range c.Rejected {
-		m := newMessage(Error, "IST0106", "Schema validation error: %s", fieldError(e))
-		if e.Key != nil {
-			m.Origin, m.namespace = e.Key.String(), e.Key.Namespace
-		}
-		in.problems = append(in.problems, m)
-	}
+	in.clusterRejected = c.Rejected
 	in.kubeServices = append(in.kubeServices, c.Services...)
 	in.clusterServices = len(in.kubeServices)
 }
 
-// overrideCluster drops the cluster's configs and Services that a file gives again.
+// overrideCluster drops the cluster's configs, rejected objects and Services that a file
+// gives again (valid or not), and reports the cluster's rejected objects left.
 func (in *input) overrideCluster() {
 	fromFiles := map[config.Key]bool{}
 	for _, d := range in.docs {
 		if d.file != "" {
 			fromFiles[d.cfg.Key()] = true
 		}
+	}
+	for _, k := range in.rejectedKeys {
+		fromFiles[k] = true
+	}
+	for _, e := range in.clusterRejected {
+		if e.Key != nil && fromFiles[*e.Key] {
+			continue
+		}
+		m := newMessage(Error, "IST0106", "Schema validation error: %s", fieldError(e))
+		if e.Key != nil {
+			m.Origin, m.namespace = e.Key.String(), e.Key.Namespace
+		}
+		in.problems = append(in.problems, m)
 	}
 	keep := func(d *doc) bool { return d.file != "" || !fromFiles[d.cfg.Key()] }
 	in.docs = filter(in.docs, keep)
