@@ -21,6 +21,8 @@ type Cluster struct {
 	Rejected []*config.Error
 	Services []*corev1.Service
 	Pods     []*corev1.Pod
+	// Namespaces are the cluster's namespaces' names.
+	Namespaces []string
 }
 
 // ReadCluster lists what analyze reads of the cluster cfg reaches, in every namespace (a
@@ -36,6 +38,13 @@ func ReadCluster(ctx context.Context, cfg *rest.Config) (*Cluster, error) {
 		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
 	}
 	c := &Cluster{Configs: cfgs, Rejected: rejected}
+	nss, err := kc.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Namespaces: %w", err)
+	}
+	for _, n := range nss.Items {
+		c.Namespaces = append(c.Namespaces, n.Name)
+	}
 	svcs, err := kc.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing Services: %w", err)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -135,6 +136,10 @@ func readCluster(cmd *cobra.Command, kf *kubeFlags, all bool) (*analyze.Cluster,
 	c, err := analyze.ReadCluster(cmd.Context(), cfg)
 	if err != nil {
 		return nil, "", "", fmt.Errorf("reading the cluster at %s: %w", cfg.Host, err)
+	}
+	if ns != "" && !slices.ContainsFunc(c.Namespaces, func(n string) bool { return n == ns }) {
+		// istioctl says so too (and analyzes nothing).
+		return nil, "", "", fmt.Errorf("namespace %q not found in the cluster at %s", ns, cfg.Host)
 	}
 	return c, ns, target, nil
 }

@@ -140,7 +140,21 @@ func TestAnalyzeKubernetes(t *testing.T) {
 	assert.Empty(t, stdout, "the files' configs replace the cluster's")
 	assert.Contains(t, stderr, "No validation issues found when analyzing namespace: broken:\n  - "+fix+"/fix.yaml")
 
-	_, _, err = run(t, "", "analyze", "--kubernetes", "--kubeconfig", filepath.Join(t.TempDir(), "missing"))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "missing")
+	stdout, _, err = run(t, "", append(kube, "--context", "local", "-n", "broken")...)
+	assert.Equal(t, exitFoundIssues, exitCode(err), "%v", err)
+	assert.Equal(t, strings.Join(want, "\n")+"\n", stdout, "the kubeconfig's context named")
+
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"analyze", "--kubernetes", "--kubeconfig", missing}, missing},
+		{append(kube, "--context", "nowhere"), `context "nowhere"`},
+		{append(kube, "-n", "nowhere"), `namespace "nowhere" not found`},
+	} {
+		_, _, err = run(t, "", c.args...)
+		require.Error(t, err, "%v", c.args)
+		assert.Contains(t, err.Error(), c.want)
+	}
 }
