@@ -267,7 +267,7 @@ func printRateLimited(out io.Writer, ms []localmesh.Metrics) {
 		allowed += m.Sum("wasmesh_quota_global_requests_total", map[string]string{"decision": "allowed"})
 		failOpen += m.Sum("wasmesh_quota_global_failure_mode_allowed_total", nil)
 	}
-	fmt.Fprintf(out, "  %8.0f  429 by the front end's global rate limit (allowed %.0f, let through with the service unreachable %.0f)\n",
+	fmt.Fprintf(out, "  %8.0f  429 by the front end's global rate limit (allowed %.0f, let through as the service failed or was too slow %.0f)\n",
 		denied, allowed, failOpen)
 }
 

@@ -17,6 +17,11 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/wasmesh/wasmesh/controlplane/ratelimit/redistest"
 	"github.com/wasmesh/wasmesh/testenv/proxy/proxytest"
 )
@@ -147,6 +152,7 @@ descriptors:
 		}
 	}
 	b.StopTimer()
+	svcP50, svcP99 := serviceCallLatency(b, rlAddr, 500)
 	hits := metricValue(b, rlMetrics, "ratelimit_service_rate_limit_total_hits") - hitsBefore
 	p50, p99 := map[string]time.Duration{}, map[string]time.Duration{}
 	for _, t := range targets {
@@ -164,6 +170,8 @@ descriptors:
 	okCallsPerReq := float64(global.Stat(okCalls)-okBefore) / n
 	failedOpen := global.Stat("wasmcustom.wasmesh_quota_global_failure_mode_allowed_total")
 	b.ReportMetric(n/rounds, "achieved_rps")
+	b.ReportMetric(ms(svcP50), "service_call_p50_ms")
+	b.ReportMetric(ms(svcP99), "service_call_p99_ms")
 	b.ReportMetric(hits/n, "service_decisions/req")
 	b.ReportMetric(okCallsPerReq, "global_ok_calls/req")
 	b.ReportMetric(float64(failedOpen), "global_failed_open")
@@ -171,4 +179,30 @@ descriptors:
 		b.Errorf("%v decisions by the service and %v OK calls per request for %v requests, %d failed open: the global mode did not ask the service for every request",
 			hits, okCallsPerReq, n, failedOpen)
 	}
+}
+
+// serviceCallLatency calls ShouldRateLimit n times in a row from grpc-go, the same
+// request the filter sends, and returns the P50 and P99: the part of the global mode's
+// added latency that is the service's (and Redis's) own.
+func serviceCallLatency(b *testing.B, addr string, n int) (p50, p99 time.Duration) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlv3.NewRateLimitServiceClient(conn)
+	req := &rlv3.RateLimitRequest{Domain: "bench", HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "generic_key", Value: "front"}}}}}
+	lat := make([]time.Duration, 0, n)
+	for i := 0; i < n+50; i++ { // 50 to warm up the connection
+		start := time.Now()
+		resp, err := client.ShouldRateLimit(context.Background(), req)
+		if err != nil || resp.OverallCode != rlv3.RateLimitResponse_OK {
+			b.Fatalf("ShouldRateLimit: %v %v", resp, err)
+		}
+		if i >= 50 {
+			lat = append(lat, time.Since(start))
+		}
+	}
+	return percentile(lat, 0.50), percentile(lat, 0.99)
 }
