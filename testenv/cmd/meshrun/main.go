@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -145,6 +146,9 @@ func readRateLimitConfig(opts *localmesh.Options) error {
 	b, err := os.ReadFile(filepath.Join(opts.ConfigDir, rateLimitConf))
 	if err != nil {
 		return fmt.Errorf("the rate-limit service's configuration: %w (run with --ratelimit=false to go without)", err)
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return fmt.Errorf("the rate-limit service counts in Redis: %w (`make tools` installs Debian's redis-server; run with --ratelimit=false to go without)", err)
 	}
 	opts.RateLimitConfig = string(b)
 	return nil

@@ -316,3 +316,18 @@ func TestMeshrunShowsTheGlobalLimitsRejections(t *testing.T) {
 	require.NoError(t, m.cmd.Wait())
 	m.noProcessLeft(10 * time.Second)
 }
+
+// Without redis-server, meshrun says what is missing, how to get it and how to go without,
+// before starting anything.
+func TestMeshrunWithoutRedisSaysSo(t *testing.T) {
+	bin, wasmDir := meshtest.Binaries(t)
+	cmd := exec.Command(filepath.Join(bin, "meshrun"), "--dir", t.TempDir(), "--bin", bin, "--wasm", wasmDir,
+		"--config", filepath.Join(meshtest.Root(), "testenv", "samples", "bookinfo"), "--prometheus=false")
+	cmd.Env = []string{"PATH=" + t.TempDir(), "HOME=" + os.Getenv("HOME")}
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	assert.Contains(t, string(out), "redis-server")
+	assert.Contains(t, string(out), "make tools")
+	assert.Contains(t, string(out), "--ratelimit=false")
+	assert.NotContains(t, string(out), "starting the local mesh", "nothing is started")
+}
