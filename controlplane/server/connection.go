@@ -60,6 +60,9 @@ type Connection struct {
 	watches map[string]*watch
 	// lastNack is the latest NACK message logged, so a proxy repeating it is logged once.
 	lastNack string
+	// admitted frees the connection's admission slot (nil once freed): when its proxy
+	// has answered its initial config, or it closes.
+	admitted func()
 }
 
 // watch is the protocol state of one resource type on one connection (what it watches is
@@ -201,6 +204,7 @@ func (c *Connection) recordAck(typ string, w *watch, nonce, version string, errD
 		c.srv.metrics.ExpiredNonce.WithLabelValues(xds.ShortType(typ)).Inc()
 		return false
 	}
+	defer c.initialAnswered()
 	if errDetail != "" {
 		w.nacks++
 		w.nackVersion, w.nackError = w.versionSent, errDetail
@@ -222,20 +226,21 @@ func (c *Connection) recordAck(typ string, w *watch, nonce, version string, errD
 
 // newConnection admits and identifies a new stream.
 func (s *Server) newConnection(ctx context.Context, node *core.Node, caller Caller, delta bool) (*Connection, error) {
-	if wait := s.admitter.reserve(); wait > 0 {
-		if s.opts.ConnectWait > 0 && wait > s.opts.ConnectWait {
-			s.admitter.cancel()
-			s.metrics.ConnectionsRejected.Inc()
-			return nil, status.Error(codes.ResourceExhausted, "too many new connections; retry later")
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
 	}
+	c, err := s.identify(node, caller, delta)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	c.holdAdmission(release)
+	return c, nil
+}
+
+// identify makes a connection of a new stream's first node.
+func (s *Server) identify(node *core.Node, caller Caller, delta bool) (*Connection, error) {
 	p, err := model.ParseNode(node)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -262,6 +267,9 @@ func (s *Server) newConnection(ctx context.Context, node *core.Node, caller Call
 // return cancels the stream, and a push under way reads what the proxy watches.
 func (s *Server) closeConnection(c *Connection) {
 	close(c.stopped)
+	c.mu.Lock()
+	c.freeAdmission()
+	c.mu.Unlock()
 	s.queue.Remove(c)
 	s.removeConnection(c)
 	go func() {

@@ -18,23 +18,32 @@ import (
 	"github.com/wasmesh/wasmesh/controlplane/xds"
 )
 
-// The defaults are istiod's: PILOT_PUSH_THROTTLE, PILOT_XDS_SEND_TIMEOUT,
-// PILOT_MAX_REQUESTS_PER_SECOND and its burst, and the reconnect window.
+// The defaults are istiod's where it has one (PILOT_PUSH_THROTTLE, PILOT_XDS_SEND_TIMEOUT,
+// the reconnect window); admission follows capacity (in flight: derived from the throttle),
+// with a generous queue and wait and no rate cap (PILOT_MAX_REQUESTS_PER_SECOND unset).
 func TestDefaultsAreIstiods(t *testing.T) {
-	assert.Equal(t, server.Options{PushThrottle: 100, SendTimeout: 5 * time.Second, ConnectRate: 100, ConnectBurst: 200,
-		ConnectWait: 10 * time.Second, ReconnectWindow: 10 * time.Second}, server.Defaults())
+	assert.Equal(t, server.Options{PushThrottle: 100, SendTimeout: 5 * time.Second, ConnectQueue: 10000,
+		ConnectWait: 30 * time.Second, ReconnectWindow: 10 * time.Second}, server.Defaults())
 }
 
 // cdsStream opens a SotW stream and asks for CDS.
 func cdsStream(t *testing.T, ads discoverygrpc.AggregatedDiscoveryServiceClient) (discoverygrpc.AggregatedDiscoveryService_StreamAggregatedResourcesClient, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	st, _ := openCDS(t, ads, 10*time.Second)
+	_, err := st.Recv()
+	return st, err
+}
+
+// openCDS opens a SotW stream that ends after timeout (or with cancel) and asks for CDS.
+func openCDS(t *testing.T, ads discoverygrpc.AggregatedDiscoveryServiceClient, timeout time.Duration) (
+	discoverygrpc.AggregatedDiscoveryService_StreamAggregatedResourcesClient, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
 	st, err := ads.StreamAggregatedResources(ctx)
 	require.NoError(t, err)
 	require.NoError(t, st.Send(&discoverygrpc.DiscoveryRequest{Node: fakeNode(), TypeUrl: xds.ClusterType}))
-	_, err = st.Recv()
-	return st, err
+	return st, cancel
 }
 
 // At most PushThrottle pushes are in flight at once, however many proxies a change
@@ -45,6 +54,9 @@ func TestPushThrottleBoundsPushesInFlight(t *testing.T) {
 			g := newFakeGenerator("v1", "a")
 			opts := server.Defaults()
 			opts.PushThrottle = tc.throttle
+			// These streams never answer their config: the capacity gate, sized by the
+			// throttle, would hold the next ones back.
+			opts.ConnectInFlight = -1
 			srv, ads := serveWith(t, opts, server.Deps{Generator: g})
 			const proxies = 4
 			for range proxies {
@@ -73,6 +85,7 @@ func TestARequestChangingNothingSendsNothing(t *testing.T) {
 	g := newFakeGenerator("v1", "a")
 	opts := server.Defaults()
 	opts.PushThrottle = 1
+	opts.ConnectInFlight = -1 // the proxies answer CDS only: no capacity gate sized by the throttle
 	srv, ads := serveWith(t, opts, server.Deps{Generator: g})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -34,13 +34,23 @@ type Options struct {
 	// SendTimeout closes a connection whose send does not complete in time
 	// (PILOT_XDS_SEND_TIMEOUT, 5 s).
 	SendTimeout time.Duration
-	// ConnectRate and ConnectBurst admit new connections through a token bucket
-	// (PILOT_MAX_REQUESTS_PER_SECOND) so a restart does not meet a reconnect storm at once;
-	// a connection waits up to ConnectWait for a token, then is refused with
-	// RESOURCE_EXHAUSTED and retries with its own backoff.
+	// ConnectInFlight admits new connections by the server's capacity: at most this many
+	// at a time between admission and their proxy's answer (ACK or NACK) to its initial
+	// config; the others wait, stream open, first come first served. 0 derives the bound
+	// from PushThrottle (the pushes the server runs at once); a negative value turns it off.
+	ConnectInFlight int
+	// ConnectQueue bounds how many connections wait for admission; past it a new one is
+	// refused at once with RESOURCE_EXHAUSTED (0: no bound).
+	ConnectQueue int
+	// ConnectRate and ConnectBurst optionally cap new connections with a token bucket
+	// (PILOT_MAX_REQUESTS_PER_SECOND; 0, the default, is no cap: the capacity gate above
+	// paces a storm by what the server gets done instead of by the clock).
 	ConnectRate  float64
 	ConnectBurst int
-	ConnectWait  time.Duration
+	// ConnectWait bounds a connection's wait for admission (the rate cap and the capacity
+	// gate together); past it the connection is refused with RESOURCE_EXHAUSTED and
+	// retries with its own backoff. 0: no bound.
+	ConnectWait time.Duration
 	// ReconnectWindow: a proxy that resumes with config it already had, in the first
 	// minute after start (discovery restarted under it), gets no updates for this long after
 	// it reconnects. The registry is being rebuilt from the proxies coming back, so an early
@@ -55,9 +65,8 @@ func Defaults() Options {
 	return Options{
 		PushThrottle: 100,
 		SendTimeout:  5 * time.Second,
-		ConnectRate:  100,
-		ConnectBurst: 200,
-		ConnectWait:  10 * time.Second,
+		ConnectQueue: 10000,
+		ConnectWait:  30 * time.Second,
 
 		ReconnectWindow: 10 * time.Second,
 	}
@@ -123,6 +132,7 @@ type Server struct {
 
 	queue    *pushQueue
 	admitter *tokenBucket
+	gate     *capacityGate // nil: no capacity admission
 
 	connSeq  atomic.Uint64
 	nonceSeq atomic.Uint64
@@ -151,7 +161,13 @@ func New(log *slog.Logger, m *metrics.Metrics, opts Options, deps Deps) *Server 
 		stop:  make(chan struct{}),
 	}
 	s.queue = newPushQueue()
-	s.admitter = newTokenBucket(opts.ConnectRate, opts.ConnectBurst)
+	s.admitter = newTokenBucket(opts.ConnectRate, max(opts.ConnectBurst, 1))
+	switch {
+	case opts.ConnectInFlight > 0:
+		s.gate = newCapacityGate(opts.ConnectInFlight, opts.ConnectQueue)
+	case opts.ConnectInFlight == 0:
+		s.gate = newCapacityGate(opts.PushThrottle, opts.ConnectQueue)
+	}
 	return s
 }
 

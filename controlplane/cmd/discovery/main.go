@@ -187,7 +187,9 @@ caBundle of --validationWebhookConfigName and --injectorWebhookConfigName curren
 
 Environment (istiod's names): PILOT_DEBOUNCE_AFTER (100ms), PILOT_DEBOUNCE_MAX (10s),
 PILOT_ENABLE_EDS_DEBOUNCE (true), PILOT_PUSH_THROTTLE (100), PILOT_XDS_SEND_TIMEOUT (5s),
-PILOT_MAX_REQUESTS_PER_SECOND (100), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s),
+PILOT_MAX_REQUESTS_PER_SECOND (unset: no rate cap; new connections are admitted
+by capacity, as many at once awaiting their initial config as PILOT_PUSH_THROTTLE, the rest
+waiting in order up to 30s), PILOT_WORKLOAD_ENTRY_GRACE_PERIOD (10s),
 ENABLE_NATIVE_SIDECARS (auto: when the API server is 1.33 or later; true, false),
 DEFAULT_WORKLOAD_CERT_TTL (24h), MAX_WORKLOAD_CERT_TTL (2160h);
 POD_NAMESPACE (--namespace's default), POD_NAME (this replica's name in the Lease; else
