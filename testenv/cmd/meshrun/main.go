@@ -209,8 +209,8 @@ func printGuide(out io.Writer, m *localmesh.Mesh, frontURL string, prom *promser
 		fmt.Fprintf(out, "rate-limit service: gRPC %s as %s  metrics %s  config (edit live) %s  log %s\n",
 			rl.GRPCAddr(), localmesh.RateLimitCluster, rl.MetricsURL("/metrics"), rl.ConfigFile(), rl.ServiceLog())
 		fmt.Fprintf(out, "redis:              %s  (the rate-limit service's counters; log %s)\n", rl.RedisAddr(), rl.RedisLog())
-		fmt.Fprintf(out, "global limit:       the front end's, shared by every caller and proxy (numbers in %s); a burst gets 429s:\n", rl.ConfigFile())
-		fmt.Fprintf(out, "                    seq 300 | xargs -P 20 -I{} curl -s -o /dev/null -w '%%{http_code}\\n' %s | sort | uniq -c\n", frontURL)
+		fmt.Fprintf(out, "global limit:       the front end's, shared by every caller and proxy (numbers in %s, edit live); a burst gets 429s:\n", rl.ConfigFile())
+		fmt.Fprintf(out, "                    seq 600 | xargs -P 40 -I{} curl -s -o /dev/null -w '%%{http_code}\\n' %s | sort | uniq -c\n", frontURL)
 	}
 	for _, p := range m.Pods() {
 		fmt.Fprintf(out, "pod %-22s metrics %s   admin %s\n", p.Spec.Name, p.StatusURL("/stats/prometheus"), p.AdminURL("/"))
