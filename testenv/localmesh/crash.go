@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,30 +52,44 @@ func (p *Pod) ProxyPid() (int, error) {
 	return kids[0], nil
 }
 
-// children lists the processes whose parent is pid, from /proc.
+// children lists the processes whose parent is pid, from /proc, oldest first (by their
+// start time).
 func children(pid int) ([]int, error) {
 	stats, err := filepath.Glob("/proc/[0-9]*/stat")
 	if err != nil {
 		return nil, err
 	}
-	var out []int
+	type kid struct {
+		pid   int
+		start uint64
+	}
+	var kids []kid
 	for _, f := range stats {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue // gone meanwhile
 		}
-		// pid (comm) state ppid ...: comm may hold spaces, so read after its last ')'.
+		// pid (comm) state ppid ... starttime (the 22nd field): comm may hold spaces, so
+		// read after its last ')'.
 		i := strings.LastIndexByte(string(b), ')')
 		if i < 0 {
 			continue
 		}
 		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) < 2 || fields[1] != strconv.Itoa(pid) {
+		if len(fields) < 20 || fields[1] != strconv.Itoa(pid) {
 			continue
 		}
-		if child, err := strconv.Atoi(filepath.Base(filepath.Dir(f))); err == nil {
-			out = append(out, child)
+		child, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err != nil {
+			continue
 		}
+		start, _ := strconv.ParseUint(fields[19], 10, 64)
+		kids = append(kids, kid{child, start})
+	}
+	sort.Slice(kids, func(i, j int) bool { return kids[i].start < kids[j].start })
+	out := make([]int, len(kids))
+	for i, k := range kids {
+		out[i] = k.pid
 	}
 	return out, nil
 }

@@ -39,12 +39,13 @@ func (m *Mesh) Processes() []ProcessInfo {
 		out = append(out, ProcessInfo{Name: p.Spec.Name + "/agent", Pid: p.Agent().Pid(), Goroutines: func(ctx context.Context) (int, error) {
 			return goroutines(ctx, p.StatusURL("/debug/pprof/goroutine?debug=1"))
 		}})
-		// Its proxies: one, or two epochs during a hot restart, when the admin API (which
-		// gives the goroutines) is the new epoch's.
+		// Its proxies: one, or two epochs during a hot restart. The newest is the live one,
+		// whose admin API gives the goroutines; an older one is named as such.
 		kids, _ := children(p.Agent().Pid())
-		for _, pid := range kids {
-			pi := ProcessInfo{Name: p.Spec.Name + "/proxy", Pid: pid}
-			if len(kids) == 1 {
+		for i, pid := range kids {
+			pi := ProcessInfo{Name: p.Spec.Name + "/proxy (old epoch)", Pid: pid}
+			if i == len(kids)-1 {
+				pi.Name = p.Spec.Name + "/proxy"
 				pi.Goroutines = func(ctx context.Context) (int, error) {
 					return goroutines(ctx, p.AdminURL("/debug/pprof/goroutine?debug=1"))
 				}
