@@ -12,13 +12,14 @@ import (
 )
 
 // initialSyncHold is the longest a connection counts against ConnectInFlight: a proxy that
-// has not answered its initial config by then (stuck, or a client that never ACKs) no
-// longer holds back the ones waiting behind it.
+// has not been sent its initial config by then (it never asked for listeners, or its
+// stream is stuck) no longer holds back the ones waiting behind it.
 const initialSyncHold = 10 * time.Second
 
 // capacityGate admits new connections by what the server is doing rather than by the
-// clock: at most limit connections at a time between admission and the proxy's answer to
-// its initial config (the initial pushes in flight); the others wait, their streams open,
+// clock: at most limit connections at a time between admission and the sending of their
+// initial clusters and listeners (the initial pushes in flight, bounded like pushes by the
+// push throttle); the others wait, their streams open,
 // in arrival order. A connection is refused only when queue connections already wait or
 // its wait would pass the caller's deadline.
 type capacityGate struct {
@@ -147,7 +148,7 @@ func (s *Server) admit(ctx context.Context) (release func(), err error) {
 }
 
 // holdAdmission makes an admitted connection count against ConnectInFlight until its
-// proxy has answered its initial config, it closes, or initialSyncHold passes.
+// initial clusters and listeners are sent, it closes, or initialSyncHold passes.
 func (c *Connection) holdAdmission(release func()) {
 	t := time.AfterFunc(initialSyncHold, release)
 	c.admitted = func() {
@@ -156,26 +157,22 @@ func (c *Connection) holdAdmission(release func()) {
 	}
 }
 
-// initialSynced reports whether the proxy has answered (ACK or NACK) what it was sent of
-// every type it watches, clusters and listeners among them (caller holds c.mu).
-func (c *Connection) initialSynced() bool {
+// initialSent reports whether the connection's clusters and listeners have been sent
+// (caller holds c.mu): the server's part of the initial config is done; what the proxy asks
+// next (endpoints, routes) follows at the pace its admission set.
+func (c *Connection) initialSent() bool {
 	for _, typ := range []string{xds.ClusterType, xds.ListenerType} {
-		if w := c.watches[typ]; w == nil || w.acks+w.nacks == 0 {
-			return false
-		}
-	}
-	for _, w := range c.watches {
-		if w.sent > 0 && w.acks+w.nacks == 0 {
+		if w := c.watches[typ]; w == nil || w.sent == 0 {
 			return false
 		}
 	}
 	return true
 }
 
-// initialAnswered frees the admission slot once the initial config is answered (caller
-// holds c.mu).
-func (c *Connection) initialAnswered() {
-	if c.admitted != nil && c.initialSynced() {
+// initialDone frees the admission slot once the initial clusters and listeners are sent
+// (caller holds c.mu).
+func (c *Connection) initialDone() {
+	if c.admitted != nil && c.initialSent() {
 		c.freeAdmission()
 	}
 }

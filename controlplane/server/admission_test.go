@@ -64,28 +64,28 @@ func requireWaiting(t *testing.T, p *proxyStream, why string) {
 	require.False(t, ok, why)
 }
 
-// ack ACKs a response.
+// ack ACKs a response (which frees no admission slot: sending does).
 func (p *proxyStream) ack(t *testing.T, resp *discoverygrpc.DiscoveryResponse) {
 	t.Helper()
 	require.NoError(t, p.st.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}))
 }
 
 // With room for one initial config in flight, the proxies of a storm wait with their
-// streams open and are served first come first served as each one before them answers its
-// clusters and listeners or leaves; none is refused.
+// streams open and are served first come first served as each one before them has been
+// sent its clusters and listeners, or leaves; none is refused.
 func TestConnectionsWaitForCapacityInArrivalOrder(t *testing.T) {
 	opts := server.Defaults()
 	opts.ConnectInFlight = 1
 	srv, ads := serveWith(t, opts, server.Deps{Generator: newFakeGenerator("v1", "a")})
 
-	// a asks for listeners only once its clusters are in, as Envoy does.
+	// a and b ask for listeners only once their clusters are in, as Envoy does.
 	a := openProxy(t, ads, true)
 	requireServed(t, a)
-	b := openProxy(t, ads)
+	b := openProxy(t, ads, true)
 	require.Eventually(t, func() bool { return srv.Waiting() == 1 }, 5*time.Second, time.Millisecond)
 	c := openProxy(t, ads)
 	require.Eventually(t, func() bool { return srv.Waiting() == 2 }, 5*time.Second, time.Millisecond)
-	requireWaiting(t, b, "b waits while a's initial config is unanswered")
+	requireWaiting(t, b, "b waits while a's initial config is in flight")
 
 	a.ack(t, a.cds)
 	requireWaiting(t, b, "b waits until a has its listeners too")
@@ -93,13 +93,11 @@ func TestConnectionsWaitForCapacityInArrivalOrder(t *testing.T) {
 	lds, err := a.st.Recv()
 	require.NoError(t, err)
 	require.Equal(t, xds.ListenerType, lds.GetTypeUrl())
-	requireWaiting(t, b, "b waits until a has answered its listeners")
-	a.ack(t, lds)
 	requireServed(t, b)
 	requireWaiting(t, c, "c, behind b, waits for b")
 	assert.Equal(t, 1, srv.Waiting())
 
-	b.cancel() // b leaves before answering: its place goes to c
+	b.cancel() // b leaves before its listeners: its place goes to c
 	requireServed(t, c)
 	assert.Equal(t, 0, srv.Waiting())
 	require.Eventually(t, func() bool { return len(srv.Connections()) == 2 }, 5*time.Second, time.Millisecond,
@@ -113,7 +111,7 @@ func TestAdmissionRefusesPastTheQueueOrTheWait(t *testing.T) {
 		opts := server.Defaults()
 		opts.ConnectInFlight, opts.ConnectQueue = 1, 1
 		srv, ads := serveWith(t, opts, server.Deps{Generator: newFakeGenerator("v1", "a")})
-		requireServed(t, openProxy(t, ads))
+		requireServed(t, openProxy(t, ads, true))
 		waiting := openProxy(t, ads)
 		require.Eventually(t, func() bool { return srv.Waiting() == 1 }, 5*time.Second, time.Millisecond)
 		_, err := openProxy(t, ads).served(5 * time.Second)
@@ -124,7 +122,7 @@ func TestAdmissionRefusesPastTheQueueOrTheWait(t *testing.T) {
 		opts := server.Defaults()
 		opts.ConnectInFlight, opts.ConnectWait = 1, 100*time.Millisecond
 		srv, ads := serveWith(t, opts, server.Deps{Generator: newFakeGenerator("v1", "a")})
-		requireServed(t, openProxy(t, ads))
+		requireServed(t, openProxy(t, ads, true))
 		start := time.Now()
 		_, err := openProxy(t, ads).served(5 * time.Second)
 		assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
@@ -134,4 +132,20 @@ func TestAdmissionRefusesPastTheQueueOrTheWait(t *testing.T) {
 		_, err = openProxy(t, ads).served(5 * time.Second)
 		assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	})
+}
+
+// A proxy resuming with its config just after a restart gets nothing during the reconnect
+// window, so it holds no admission slot: the fresh proxy behind it is served at once.
+func TestResumedProxyHoldsNoAdmissionSlot(t *testing.T) {
+	opts := server.Defaults()
+	opts.ConnectInFlight = 1
+	srv, ads := serveWith(t, opts, server.Deps{Generator: newFakeGenerator("v1", "a")})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resumed, err := ads.StreamAggregatedResources(ctx)
+	require.NoError(t, err)
+	require.NoError(t, resumed.Send(&discoverygrpc.DiscoveryRequest{Node: fakeNode(), TypeUrl: xds.ClusterType, VersionInfo: "v0"}))
+	require.NoError(t, resumed.Send(&discoverygrpc.DiscoveryRequest{TypeUrl: xds.ListenerType, VersionInfo: "v0"}))
+	require.Eventually(t, func() bool { return len(srv.Connections()) == 1 }, 5*time.Second, time.Millisecond)
+	requireServed(t, openProxy(t, ads, true))
 }

@@ -60,8 +60,8 @@ type Connection struct {
 	watches map[string]*watch
 	// lastNack is the latest NACK message logged, so a proxy repeating it is logged once.
 	lastNack string
-	// admitted frees the connection's admission slot (nil once freed): when its proxy
-	// has answered its initial config, or it closes.
+	// admitted frees the connection's admission slot (nil once freed): when its initial
+	// clusters and listeners are sent, or it closes.
 	admitted func()
 }
 
@@ -189,6 +189,7 @@ func (c *Connection) recordSent(typ string, w *watch, nonce, version string, kno
 	w.nonceSent, w.versionSent, w.known = nonce, version, known
 	w.sent++
 	w.lastSent = time.Now()
+	c.initialDone()
 	c.mu.Unlock()
 	c.srv.bytesSent.Add(uint64(bytes))
 	c.srv.metrics.Pushes.WithLabelValues(xds.ShortType(typ)).Inc()
@@ -204,7 +205,6 @@ func (c *Connection) recordAck(typ string, w *watch, nonce, version string, errD
 		c.srv.metrics.ExpiredNonce.WithLabelValues(xds.ShortType(typ)).Inc()
 		return false
 	}
-	defer c.initialAnswered()
 	if errDetail != "" {
 		w.nacks++
 		w.nackVersion, w.nackError = w.versionSent, errDetail
@@ -344,6 +344,8 @@ func serve[Req request](s *Server, st stream[Req], caller Caller, delta bool, re
 	if c.resumed {
 		if until := s.holdResumed(); !until.IsZero() {
 			c.holdUntil = until
+			// Nothing is sent to it before then: it takes no admission slot meanwhile.
+			c.freeAdmission()
 			s.log.Info("proxy resumed with its config after a restart; holding its updates", "conn", c.ID, "until", until)
 			go s.releaseHeld(c, until)
 		}

@@ -35,9 +35,10 @@ type Options struct {
 	// (PILOT_XDS_SEND_TIMEOUT, 5 s).
 	SendTimeout time.Duration
 	// ConnectInFlight admits new connections by the server's capacity: at most this many
-	// at a time between admission and their proxy's answer (ACK or NACK) to its initial
-	// config; the others wait, stream open, first come first served. 0 derives the bound
-	// from PushThrottle (the pushes the server runs at once); a negative value turns it off.
+	// at a time between admission and the sending of their initial clusters and
+	// listeners; the others wait, stream open, first come first served. 0 derives the
+	// bound from PushThrottle (the pushes the server runs at once); a negative value turns
+	// it off.
 	ConnectInFlight int
 	// ConnectQueue bounds how many connections wait for admission; past it a new one is
 	// refused at once with RESOURCE_EXHAUSTED (0: no bound).
