@@ -27,8 +27,8 @@ func TestStopOrderStopsCallersBeforeTheirCallees(t *testing.T) {
 		spec.Namespace, spec.Name = "default", spec.Labels["app"]+"-"+spec.Labels["version"]
 		bookinfo = append(bookinfo, &Pod{Spec: spec})
 	}
-	assert.Equal(t, [][]string{{"productpage-v1"}, {"reviews-v1", "reviews-v2"}, {"ratings-v1"}}, names(stopOrder(bookinfo)),
-		"the front end first (its startup call counts too), ratings last")
+	assert.Equal(t, [][]string{{"productpage-v1"}, {"reviews-v1", "reviews-v2"}, {"ratings-v1"}, {"mongodb-v1"}}, names(stopOrder(bookinfo)),
+		"the front end first (its startup call counts too), the database last (a tcp:// call counts too)")
 
 	// A short host is in the caller's namespace; a call to another namespace's service of
 	// the same name does not hold this one.
