@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
@@ -83,11 +84,22 @@ func unavailable(msg string) *host.GRPCCallResponse {
 	return &host.GRPCCallResponse{Status: grpcUnavailable, StatusMessage: msg}
 }
 
+// defaultAuthority is the :authority of a call whose GrpcService names none: Envoy sends
+// the cluster name, which Go's HTTP/2 client refuses when it holds '|' (an Istio cluster
+// name, outbound|PORT|SUBSET|HOST), so such a name gives its service, HOST:PORT, instead.
+func defaultAuthority(cluster string) string {
+	parts := strings.Split(cluster, "|")
+	if len(parts) == 4 && parts[3] != "" && parts[1] != "" {
+		return net.JoinHostPort(parts[3], parts[1])
+	}
+	return cluster
+}
+
 // grpcHTTPRequest frames the call as an HTTP/2 request.
 func grpcHTTPRequest(ctx context.Context, req *host.GRPCCallRequest) (*http.Request, error) {
 	authority := req.Authority
 	if authority == "" {
-		authority = req.Cluster
+		authority = defaultAuthority(req.Cluster)
 	}
 	body := make([]byte, 5, 5+len(req.Message))
 	binary.BigEndian.PutUint32(body[1:], uint32(len(req.Message)))

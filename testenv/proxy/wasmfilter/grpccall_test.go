@@ -17,6 +17,7 @@ import (
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http/httpguts"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -294,5 +295,20 @@ func TestGRPCTimeoutHeader(t *testing.T) {
 		math.MaxUint32 * time.Millisecond: "4294967S",
 	} {
 		assert.Equal(t, want, grpcTimeout(d), d.String())
+	}
+}
+
+// Without an authority in its GrpcService, a call to an Istio cluster goes to the service's
+// host and port: Envoy would send the cluster name, which Go's HTTP/2 client refuses.
+func TestGRPCCallDefaultAuthority(t *testing.T) {
+	for cluster, want := range map[string]string{
+		"outbound|8081||ratelimit.default.svc.cluster.local": "ratelimit.default.svc.cluster.local:8081",
+		"outbound|8081|v1|rls.example":                       "rls.example:8081",
+		"rls":                                                "rls",
+	} {
+		hr, err := grpcHTTPRequest(context.Background(), &host.GRPCCallRequest{Cluster: cluster, Service: "s", Method: "m"})
+		require.NoError(t, err)
+		assert.Equal(t, want, hr.Host, cluster)
+		assert.True(t, httpguts.ValidHostHeader(hr.Host), "a host Go's HTTP/2 client sends: %q", hr.Host)
 	}
 }
