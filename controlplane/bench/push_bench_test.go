@@ -260,18 +260,10 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	bytes := &ByteCounter{}
 	opts := discovery.Options{ConfigDir: dir, GRPCAddr: "127.0.0.1:0", Debounce: push.DefaultDebounce(), Server: server.Defaults(), WorkloadGracePeriod: time.Minute,
 		ShutdownGrace: time.Second, GRPCOptions: []grpc.ServerOption{grpc.StatsHandler(bytes)}}
-	// Admission control paces reconnect storms; the benchmark measures pushes, not that.
-	opts.Server.ConnectRate = 0
-	// Warnings show (a send timeout, a NACK): a run that cut proxies measured something else.
-	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	require.NoError(b, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	for !d.Server.Ready() {
-		runtime.Gosched()
-	}
+	// The clients connect 50 at a time (xdsload's dialers), well within admission's
+	// capacity gate; no rate cap (the default).
+	ctx, d, stop := runDiscovery(b, opts)
+	defer stop()
 	memBefore := memory()
 	stopProfile := profileServer(b, "connect")
 	connectBefore := sample(bytes)

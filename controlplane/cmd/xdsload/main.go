@@ -39,6 +39,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,7 +48,9 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/wasmesh/wasmesh/controlplane/adsc"
@@ -179,6 +182,9 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 	for _, p := range proxies {
 		p.c.TrimLog()
 	}
+	if f := st.failures(); f != "" {
+		fmt.Fprintf(os.Stderr, "xdsload: failures before sync by code: %s\n", f)
+	}
 	fmt.Fprintf(out, "ready refused=%d retries=%d synced-ms=%d\n", st.refused.Load(), st.retries.Load(), st.last.Load()/int64(time.Millisecond))
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -250,8 +256,37 @@ func run(ctx context.Context, o options, in io.Reader, out io.Writer) error {
 // stormStats counts what the clients went through before all held their config.
 type stormStats struct {
 	refused, retries atomic.Int64
+	// codes counts the failures by gRPC status code, for stderr.
+	mu    sync.Mutex
+	codes map[codes.Code]int
+	// sample is the first failure's message of each code.
+	sample map[codes.Code]string
 	// last is the latest time, from the first dial, at which a client held its config.
 	last atomic.Int64
+}
+
+func (s *stormStats) failed(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.codes == nil {
+		s.codes, s.sample = map[codes.Code]int{}, map[codes.Code]string{}
+	}
+	c := status.Code(err)
+	if s.codes[c]++; s.codes[c] == 1 {
+		s.sample[c] = err.Error()
+	}
+}
+
+// failures is the failures by code, "" when none.
+func (s *stormStats) failures() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for c, n := range s.codes {
+		out = append(out, fmt.Sprintf("%v=%d (first: %s)", c, n, s.sample[c]))
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
 }
 
 func (s *stormStats) synced(after time.Duration) {
@@ -301,6 +336,7 @@ func syncClient(ctx, deadline context.Context, o options, i int, st *stormStats)
 		if attempt == 0 {
 			st.refused.Add(1)
 		}
+		st.failed(err)
 		st.retries.Add(1)
 		t := time.NewTimer(bo.next())
 		select {
