@@ -156,6 +156,14 @@ func (d *Discovery) runCA(ctx context.Context, goRun func(string, func() error),
 	goRun("ca", func() error { return d.CA.Run(ctx) })
 	if d.secureGRPC != nil {
 		goRun("secureCerts", func() error { return d.secureCerts.Run(ctx) })
-		goRun("secureGRPC", func() error { return server.Serve(ctx, d.secureGRPC, d.secureLis, grace) })
+		goRun("secureGRPC", func() error {
+			// The port is bound (early clients wait in its backlog) and served once the
+			// serving certificate is issued: a handshake before would fail ("tls: internal
+			// error") and send a starting agent into its retry back-off.
+			if err := d.secureCerts.WaitServing(ctx); err != nil {
+				return d.secureLis.Close() // stopped before
+			}
+			return server.Serve(ctx, d.secureGRPC, d.secureLis, grace)
+		})
 	}
 }

@@ -43,6 +43,25 @@ func (c *current) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	return c.cert, nil
 }
 
+// WaitServing returns once a serving certificate is in force (at once if one is), or with
+// ctx's error: a TLS port served before would fail its first handshakes.
+func (c *current) WaitServing(ctx context.Context) error {
+	for {
+		changed := c.Changed() // before the check, so a certificate set in between wakes us
+		c.mu.RLock()
+		ready := c.cert != nil
+		c.mu.RUnlock()
+		if ready {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 func (c *current) CABundle() []byte {
 	c.mu.RLock()
 	defer c.mu.RUnlock()

@@ -244,3 +244,28 @@ func TestFileCertsRefusesWhatCannotServe(t *testing.T) {
 	_, err = NewFileCerts(dir, quiet)
 	assert.ErrorContains(t, err, "tls.crt is not signed by ca.crt")
 }
+
+// WaitServing holds a TLS port's serving until a certificate is in force, and gives up with
+// its context.
+func TestWaitServing(t *testing.T) {
+	c := newCurrent()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, c.WaitServing(ctx), context.DeadlineExceeded, "no certificate yet")
+
+	done := make(chan error, 1)
+	go func() { done <- c.WaitServing(context.Background()) }()
+	select {
+	case <-done:
+		t.Fatal("returned before a certificate was set")
+	case <-time.After(20 * time.Millisecond):
+	}
+	c.set(&tls.Certificate{}, []byte("ca"))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("still waiting once a certificate is in force")
+	}
+	require.NoError(t, c.WaitServing(ctx), "in force already: at once, even with an ended context")
+}
