@@ -103,9 +103,9 @@ func TestDrainWaitsAsThePolicySays(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fa := &fakeAdmin{counts: tc.counts}
 			a := serve(t, fa)
+			start := time.Now() // before the grace period starts: took is at least its length
 			ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
 			defer cancel()
-			start := time.Now()
 			drain.Run(ctx, a, tc.policy, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			took := time.Since(start)
 			posts, polls := fa.seen()
