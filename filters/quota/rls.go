@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wasmesh/wasmesh/filters/internal/protowire"
 	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
 )
 
@@ -20,14 +21,6 @@ const (
 	rlsMethod  = "ShouldRateLimit"
 )
 
-// Protobuf wire types.
-const (
-	wireVarint  = 0
-	wireFixed64 = 1
-	wireBytes   = 2
-	wireFixed32 = 5
-)
-
 // RateLimitResponse.Code.
 const (
 	rlsUnknown   = 0
@@ -38,8 +31,8 @@ const (
 // appendGrpcService appends an envoy.config.core.v3.GrpcService naming the cluster:
 // envoy_grpc (1) {cluster_name (1), authority (2)}.
 func appendGrpcService(b []byte, cluster, authority string) []byte {
-	b = appendTag(b, 1, wireBytes)
-	b = appendVarint(b, uint64(stringSize(cluster)+stringSize(authority)))
+	b = protowire.AppendTag(b, 1, protowire.Bytes)
+	b = protowire.AppendVarint(b, uint64(stringSize(cluster)+stringSize(authority)))
 	b = appendString(b, 1, cluster)
 	return appendString(b, 2, authority)
 }
@@ -59,13 +52,13 @@ func (r *rlsRequest) addDescriptor(entries []ratelimit.Entry) {
 	size := 0
 	for _, e := range entries {
 		n := entrySize(e)
-		size += 1 + varintSize(uint64(n)) + n
+		size += 1 + protowire.VarintSize(uint64(n)) + n
 	}
-	r.buf = appendTag(r.buf, 2, wireBytes)
-	r.buf = appendVarint(r.buf, uint64(size))
+	r.buf = protowire.AppendTag(r.buf, 2, protowire.Bytes)
+	r.buf = protowire.AppendVarint(r.buf, uint64(size))
 	for _, e := range entries {
-		r.buf = appendTag(r.buf, 1, wireBytes)
-		r.buf = appendVarint(r.buf, uint64(entrySize(e)))
+		r.buf = protowire.AppendTag(r.buf, 1, protowire.Bytes)
+		r.buf = protowire.AppendVarint(r.buf, uint64(entrySize(e)))
 		r.buf = appendString(r.buf, 1, e.Key)
 		r.buf = appendString(r.buf, 2, e.Value)
 	}
@@ -74,8 +67,8 @@ func (r *rlsRequest) addDescriptor(entries []ratelimit.Entry) {
 // finish appends hits_addend and returns the message.
 func (r *rlsRequest) finish(hits uint32) []byte {
 	if hits != 0 {
-		r.buf = appendTag(r.buf, 3, wireVarint)
-		r.buf = appendVarint(r.buf, uint64(hits))
+		r.buf = protowire.AppendTag(r.buf, 3, protowire.Varint)
+		r.buf = protowire.AppendVarint(r.buf, uint64(hits))
 	}
 	return r.buf
 }
@@ -88,37 +81,14 @@ func stringSize(s string) int {
 	if s == "" {
 		return 0
 	}
-	return 1 + varintSize(uint64(len(s))) + len(s)
+	return 1 + protowire.VarintSize(uint64(len(s))) + len(s)
 }
 
 func appendString(b []byte, field int, s string) []byte {
 	if s == "" {
 		return b
 	}
-	b = appendTag(b, field, wireBytes)
-	b = appendVarint(b, uint64(len(s)))
-	return append(b, s...)
-}
-
-func appendTag(b []byte, field, wire int) []byte {
-	return appendVarint(b, uint64(field)<<3|uint64(wire))
-}
-
-func appendVarint(b []byte, v uint64) []byte {
-	for v >= 0x80 {
-		b = append(b, byte(v)|0x80)
-		v >>= 7
-	}
-	return append(b, byte(v))
-}
-
-func varintSize(v uint64) int {
-	n := 1
-	for v >= 0x80 {
-		v >>= 7
-		n++
-	}
-	return n
+	return protowire.AppendString(b, field, s)
 }
 
 // rlsResponse is the part of a RateLimitResponse the filter uses.
@@ -140,102 +110,37 @@ type rlsStatus struct {
 	reset     time.Duration // duration_until_reset (4): Duration {seconds (1), nanos (2)}
 }
 
-var errTruncated = errors.New("truncated message")
-
-// field is one decoded field: its number, wire type, and varint value or bytes.
-type field struct {
-	num   int
-	wire  int
-	value uint64
-	bytes []byte
-}
-
-// nextField decodes the field at the start of b and returns the rest.
-func nextField(b []byte) (field, []byte, error) {
-	key, b, err := readVarint(b)
-	if err != nil {
-		return field{}, nil, err
-	}
-	f := field{num: int(key >> 3), wire: int(key & 7)}
-	if f.num <= 0 || key>>3 > 1<<29-1 {
-		return field{}, nil, fmt.Errorf("bad field number %d", key>>3)
-	}
-	switch f.wire {
-	case wireVarint:
-		f.value, b, err = readVarint(b)
-	case wireFixed64:
-		if len(b) < 8 {
-			return field{}, nil, errTruncated
-		}
-		b = b[8:]
-	case wireFixed32:
-		if len(b) < 4 {
-			return field{}, nil, errTruncated
-		}
-		b = b[4:]
-	case wireBytes:
-		var n uint64
-		if n, b, err = readVarint(b); err == nil {
-			if n > uint64(len(b)) {
-				return field{}, nil, errTruncated
-			}
-			f.bytes, b = b[:n], b[n:]
-		}
-	default:
-		return field{}, nil, fmt.Errorf("field %d: unsupported wire type %d", f.num, f.wire)
-	}
-	return f, b, err
-}
-
-func readVarint(b []byte) (uint64, []byte, error) {
-	var v uint64
-	for i := 0; i < len(b) && i < 10; i++ {
-		v |= uint64(b[i]&0x7f) << (7 * i)
-		if b[i] < 0x80 {
-			return v, b[i+1:], nil
-		}
-	}
-	if len(b) >= 10 {
-		return 0, nil, errors.New("varint overflows 64 bits")
-	}
-	return 0, nil, errTruncated
-}
-
-// each calls fn for every field of the message b; fn gets fields of the wire type it
-// expects for their number (others are skipped as unknown, as protobuf does).
-func each(b []byte, fn func(f field) error) error {
-	for len(b) > 0 {
-		f, rest, err := nextField(b)
-		if err != nil {
-			return err
-		}
+// each calls fn for every field of the message b, naming the field in fn's error; fn
+// reads the fields of the wire type it expects for their number (others are skipped as
+// unknown, as protobuf does).
+func each(b []byte, fn func(f protowire.Field) error) error {
+	return protowire.Each(b, func(f protowire.Field) error {
 		if err := fn(f); err != nil {
-			return fmt.Errorf("field %d: %w", f.num, err)
+			return fmt.Errorf("field %d: %w", f.Num, err)
 		}
-		b = rest
-	}
-	return nil
+		return nil
+	})
 }
 
 // parseRateLimitResponse decodes a RateLimitResponse; unknown fields are skipped.
 func parseRateLimitResponse(b []byte) (*rlsResponse, error) {
 	r := &rlsResponse{}
-	err := each(b, func(f field) error {
+	err := each(b, func(f protowire.Field) error {
 		switch {
-		case f.num == 1 && f.wire == wireVarint:
-			r.overall = uint32(f.value)
-		case f.num == 2 && f.wire == wireBytes:
-			s, err := parseDescriptorStatus(f.bytes)
+		case f.Num == 1 && f.Wire == protowire.Varint:
+			r.overall = uint32(f.Value)
+		case f.Num == 2 && f.Wire == protowire.Bytes:
+			s, err := parseDescriptorStatus(f.Bytes)
 			if err != nil {
 				return err
 			}
 			r.statuses = append(r.statuses, s)
-		case (f.num == 3 || f.num == 4) && f.wire == wireBytes:
-			h, err := parseHeaderValue(f.bytes)
+		case (f.Num == 3 || f.Num == 4) && f.Wire == protowire.Bytes:
+			h, err := parseHeaderValue(f.Bytes)
 			if err != nil {
 				return err
 			}
-			if f.num == 3 {
+			if f.Num == 3 {
 				r.responseHeaders = append(r.responseHeaders, h)
 			} else {
 				r.requestHeaders = append(r.requestHeaders, h)
@@ -251,25 +156,25 @@ func parseRateLimitResponse(b []byte) (*rlsResponse, error) {
 
 func parseDescriptorStatus(b []byte) (rlsStatus, error) {
 	var s rlsStatus
-	err := each(b, func(f field) error {
+	err := each(b, func(f protowire.Field) error {
 		switch {
-		case f.num == 1 && f.wire == wireVarint:
-			s.code = uint32(f.value)
-		case f.num == 2 && f.wire == wireBytes:
+		case f.Num == 1 && f.Wire == protowire.Varint:
+			s.code = uint32(f.Value)
+		case f.Num == 2 && f.Wire == protowire.Bytes:
 			s.hasLimit = true
-			return each(f.bytes, func(f field) error {
+			return each(f.Bytes, func(f protowire.Field) error {
 				switch {
-				case f.num == 1 && f.wire == wireVarint:
-					s.limit = uint32(f.value)
-				case f.num == 2 && f.wire == wireVarint:
-					s.unit = uint32(f.value)
+				case f.Num == 1 && f.Wire == protowire.Varint:
+					s.limit = uint32(f.Value)
+				case f.Num == 2 && f.Wire == protowire.Varint:
+					s.unit = uint32(f.Value)
 				}
 				return nil
 			})
-		case f.num == 3 && f.wire == wireVarint:
-			s.remaining = uint32(f.value)
-		case f.num == 4 && f.wire == wireBytes:
-			d, err := parseProtoDuration(f.bytes)
+		case f.Num == 3 && f.Wire == protowire.Varint:
+			s.remaining = uint32(f.Value)
+		case f.Num == 4 && f.Wire == protowire.Bytes:
+			d, err := parseProtoDuration(f.Bytes)
 			s.reset = d
 			return err
 		}
@@ -282,12 +187,12 @@ func parseDescriptorStatus(b []byte) (rlsStatus, error) {
 // wait for), a huge one saturates.
 func parseProtoDuration(b []byte) (time.Duration, error) {
 	var secs, nanos int64
-	err := each(b, func(f field) error {
+	err := each(b, func(f protowire.Field) error {
 		switch {
-		case f.num == 1 && f.wire == wireVarint:
-			secs = int64(f.value)
-		case f.num == 2 && f.wire == wireVarint:
-			nanos = int64(int32(f.value))
+		case f.Num == 1 && f.Wire == protowire.Varint:
+			secs = int64(f.Value)
+		case f.Num == 2 && f.Wire == protowire.Varint:
+			nanos = int64(int32(f.Value))
 		}
 		return nil
 	})
@@ -309,17 +214,17 @@ func parseProtoDuration(b []byte) (time.Duration, error) {
 func parseHeaderValue(b []byte) ([2]string, error) {
 	var h [2]string
 	var raw []byte
-	err := each(b, func(f field) error {
-		if f.wire != wireBytes {
+	err := each(b, func(f protowire.Field) error {
+		if f.Wire != protowire.Bytes {
 			return nil
 		}
-		switch f.num {
+		switch f.Num {
 		case 1:
-			h[0] = string(f.bytes)
+			h[0] = string(f.Bytes)
 		case 2:
-			h[1] = string(f.bytes)
+			h[1] = string(f.Bytes)
 		case 3:
-			raw = f.bytes
+			raw = f.Bytes
 		}
 		return nil
 	})

@@ -2,9 +2,10 @@ package main
 
 import (
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/wasmesh/wasmesh/filters/internal/protowire"
 )
 
 // Peer metadata exchange, Istio style. The client side puts its identity on the request in
@@ -184,46 +185,22 @@ func appendLabelsEntry(b []byte, labels map[string]string) []byte {
 		inner = appendStructEntry(inner, k, appendStringValue(nil, labels[k]))
 	}
 	// Value.struct_value = 5
-	value := appendBytesField(nil, 5, inner)
+	value := protowire.AppendBytes(nil, 5, inner)
 	return appendStructEntry(b, metaLabels, value)
 }
 
 // appendStructEntry appends one Struct.fields map entry (field 1) with key (field 1)
 // and the already-encoded google.protobuf.Value (field 2).
 func appendStructEntry(b []byte, key string, value []byte) []byte {
-	entry := appendBytesField(nil, 1, []byte(key))
-	entry = appendBytesField(entry, 2, value)
-	return appendBytesField(b, 1, entry)
+	entry := protowire.AppendString(nil, 1, key)
+	entry = protowire.AppendBytes(entry, 2, value)
+	return protowire.AppendBytes(b, 1, entry)
 }
 
 // appendStringValue appends a google.protobuf.Value with string_value (field 3).
 func appendStringValue(b []byte, s string) []byte {
-	return appendBytesField(b, 3, []byte(s))
+	return protowire.AppendString(b, 3, s)
 }
-
-func appendBytesField(b []byte, field int, data []byte) []byte {
-	b = appendVarint(b, uint64(field)<<3|wireBytes)
-	b = appendVarint(b, uint64(len(data)))
-	return append(b, data...)
-}
-
-func appendVarint(b []byte, v uint64) []byte {
-	for v >= 0x80 {
-		b = append(b, byte(v)|0x80)
-		v >>= 7
-	}
-	return append(b, byte(v))
-}
-
-// Protobuf wire types.
-const (
-	wireVarint  = 0
-	wireFixed64 = 1
-	wireBytes   = 2
-	wireFixed32 = 5
-)
-
-var errTruncated = errors.New("truncated protobuf")
 
 // decodePeerMetadata parses an x-envoy-peer-metadata value.
 func decodePeerMetadata(header string) (nodeIdentity, error) {
@@ -272,36 +249,36 @@ func decodePeerMetadata(header string) (nodeIdentity, error) {
 	return id, nil
 }
 
-// forEachStructEntry calls f with the key and encoded Value of every entry of an encoded
+// forEachStructEntry calls fn with the key and encoded Value of every entry of an encoded
 // google.protobuf.Struct.
-func forEachStructEntry(b []byte, f func(key string, value []byte) error) error {
-	return forEachField(b, func(field int, wire int, data []byte) error {
-		if field != 1 || wire != wireBytes {
+func forEachStructEntry(b []byte, fn func(key string, value []byte) error) error {
+	return protowire.Each(b, func(f protowire.Field) error {
+		if f.Num != 1 || f.Wire != protowire.Bytes {
 			return nil
 		}
 		var key string
 		var value []byte
-		err := forEachField(data, func(field int, wire int, d []byte) error {
+		err := protowire.Each(f.Bytes, func(e protowire.Field) error {
 			switch {
-			case field == 1 && wire == wireBytes:
-				key = string(d)
-			case field == 2 && wire == wireBytes:
-				value = d
+			case e.Num == 1 && e.Wire == protowire.Bytes:
+				key = string(e.Bytes)
+			case e.Num == 2 && e.Wire == protowire.Bytes:
+				value = e.Bytes
 			}
 			return nil
 		})
 		if err != nil {
 			return err
 		}
-		return f(key, value)
+		return fn(key, value)
 	})
 }
 
 // stringValue returns a google.protobuf.Value's string_value (field 3).
 func stringValue(b []byte) (s string, ok bool, err error) {
-	err = forEachField(b, func(field int, wire int, d []byte) error {
-		if field == 3 && wire == wireBytes {
-			s, ok = string(d), true
+	err = protowire.Each(b, func(f protowire.Field) error {
+		if f.Num == 3 && f.Wire == protowire.Bytes {
+			s, ok = string(f.Bytes), true
 		}
 		return nil
 	})
@@ -310,72 +287,13 @@ func stringValue(b []byte) (s string, ok bool, err error) {
 
 // structValue returns a google.protobuf.Value's struct_value (field 5).
 func structValue(b []byte) (inner []byte, ok bool, err error) {
-	err = forEachField(b, func(field int, wire int, d []byte) error {
-		if field == 5 && wire == wireBytes {
-			inner, ok = d, true
+	err = protowire.Each(b, func(f protowire.Field) error {
+		if f.Num == 5 && f.Wire == protowire.Bytes {
+			inner, ok = f.Bytes, true
 		}
 		return nil
 	})
 	return inner, ok, err
-}
-
-// forEachField walks the fields of an encoded message, passing each field's payload
-// (the bytes of a length-delimited field; nil for the others, which no caller reads).
-func forEachField(b []byte, f func(field int, wire int, data []byte) error) error {
-	for len(b) > 0 {
-		tag, n := readVarint(b)
-		if n == 0 {
-			return errTruncated
-		}
-		b = b[n:]
-		field, wire := int(tag>>3), int(tag&7)
-		if field == 0 {
-			return errors.New("protobuf field number 0")
-		}
-		var data []byte
-		switch wire {
-		case wireVarint:
-			if _, n = readVarint(b); n == 0 {
-				return errTruncated
-			}
-			b = b[n:]
-		case wireFixed64:
-			if len(b) < 8 {
-				return errTruncated
-			}
-			b = b[8:]
-		case wireFixed32:
-			if len(b) < 4 {
-				return errTruncated
-			}
-			b = b[4:]
-		case wireBytes:
-			l, n := readVarint(b)
-			if n == 0 || l > uint64(len(b)-n) {
-				return errTruncated
-			}
-			data = b[n : n+int(l)]
-			b = b[n+int(l):]
-		default:
-			return fmt.Errorf("unsupported protobuf wire type %d", wire)
-		}
-		if err := f(field, wire, data); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// readVarint returns the varint at the start of b and its length, 0 if malformed.
-func readVarint(b []byte) (uint64, int) {
-	var v uint64
-	for i := 0; i < len(b) && i < 10; i++ {
-		v |= uint64(b[i]&0x7f) << (7 * i)
-		if b[i] < 0x80 {
-			return v, i + 1
-		}
-	}
-	return 0, 0
 }
 
 // peerCache maps raw x-envoy-peer-metadata values to decoded workloads, so a peer is

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/wasmesh/wasmesh/filters/internal/protowire"
 	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
 
@@ -53,18 +54,18 @@ func mustDecodeBase64(t *testing.T, s string) []byte {
 func TestDecodeSkipsWhatItDoesNotUse(t *testing.T) {
 	var b []byte
 	b = appendStructEntry(b, "ISTIO_VERSION", appendStringValue(nil, "1.20.0"))
-	num := append(appendVarint(nil, 2<<3|wireFixed64), 0, 0, 0, 0, 0, 0, 0xf0, 0x3f) // number_value 1.0
+	num := append(protowire.AppendVarint(nil, 2<<3|protowire.Fixed64), 0, 0, 0, 0, 0, 0, 0xf0, 0x3f) // number_value 1.0
 	b = appendStructEntry(b, "SOME_NUMBER", num)
-	b = appendStructEntry(b, "SOME_BOOL", appendVarint(appendVarint(nil, 4<<3|wireVarint), 1))
-	list := appendBytesField(nil, 6, appendBytesField(nil, 1, appendStringValue(nil, "x")))
+	b = appendStructEntry(b, "SOME_BOOL", protowire.AppendVarint(protowire.AppendVarint(nil, 4<<3|protowire.Varint), 1))
+	list := protowire.AppendBytes(nil, 6, protowire.AppendBytes(nil, 1, appendStringValue(nil, "x")))
 	b = appendStructEntry(b, "APP_CONTAINERS", list)
-	b = appendStructEntry(b, "PLATFORM_METADATA", appendBytesField(nil, 5, nil))
-	unknown := append(appendVarint(nil, 9<<3|wireFixed32), 1, 2, 3, 4) // a field Value does not have
+	b = appendStructEntry(b, "PLATFORM_METADATA", protowire.AppendBytes(nil, 5, nil))
+	unknown := append(protowire.AppendVarint(nil, 9<<3|protowire.Fixed32), 1, 2, 3, 4) // a field Value does not have
 	b = appendStructEntry(b, "WORKLOAD_NAME", appendStringValue(unknown, "ratings-v1"))
 	b = appendStructEntry(b, "NAMESPACE", num) // wrong kind: ignored, not an error
 	labels := appendStructEntry(nil, "app", appendStringValue(nil, "ratings"))
 	labels = appendStructEntry(labels, "n", num)
-	b = appendStructEntry(b, "LABELS", appendBytesField(nil, 5, labels))
+	b = appendStructEntry(b, "LABELS", protowire.AppendBytes(nil, 5, labels))
 
 	got, err := decodePeerMetadata(base64.StdEncoding.EncodeToString(b))
 	require.NoError(t, err)
