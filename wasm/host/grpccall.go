@@ -231,36 +231,11 @@ func (vc *vmCall) proxyGRPCCall(ctx context.Context, s []uint64) Status {
 		return st
 	}
 	token := v.nextGRPCToken()
-	callCtx, cancel := context.WithCancelCause(p.ctx)
-	pc := &pendingCall{}
-	pc.cancel = func() { cancel(ErrClosed) }
-	pc.cancelCause = cancel
-	v.grpcCalls[token] = pc
-	finish := func(resp *GRPCCallResponse, err error) {
-		first := false
-		pc.once.Do(func() {
-			first = true
-			if err == nil {
-				cancel(context.Canceled)
-			} else {
-				cancel(err)
-			}
-		})
-		// Outside the Once: post may run the delivery right here, and a callback that
-		// cancels the call takes the Once too.
-		if first {
-			v.in.post(func() { v.deliverGRPCCall(token, pc, grpcOutcome(resp, err)) })
-		}
-	}
-	if req.Timeout > 0 {
-		pc.stop = p.env.Clock.AfterFunc(req.Timeout, func() { finish(nil, ErrGRPCCallTimeout) })
-	}
+	pc, callCtx, finish := startCall(v, v.grpcCalls, token, req.Timeout, ErrGRPCCallTimeout, func(pc *pendingCall, resp *GRPCCallResponse, err error) {
+		v.deliverGRPCCall(token, pc, grpcOutcome(resp, err))
+	})
 	if err := p.env.GRPCCalls.DispatchGRPCCall(callCtx, req, finish); err != nil {
-		pc.once.Do(func() {})
-		if pc.stop != nil {
-			pc.stop()
-		}
-		cancel(err)
+		pc.abandon(err)
 		delete(v.grpcCalls, token)
 		if errors.Is(err, ErrUnknownCluster) {
 			return StatusBadArgument
@@ -297,11 +272,7 @@ func (vc *vmCall) proxyGRPCCancel(ctx context.Context, s []uint64) Status {
 		return StatusNotFound
 	}
 	delete(v.grpcCalls, token)
-	pc.once.Do(func() {})
-	if pc.stop != nil {
-		pc.stop()
-	}
-	pc.cancelCause(ErrGRPCCallCancelled)
+	pc.abandon(ErrGRPCCallCancelled)
 	return StatusOK
 }
 

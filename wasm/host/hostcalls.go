@@ -651,28 +651,11 @@ func (vc *vmCall) proxyHTTPCall(ctx context.Context, s []uint64) Status {
 	timeout := time.Duration(u32(s, 8)) * time.Millisecond
 	req := &HTTPCallRequest{Cluster: cluster, Headers: hm.Pairs(), Body: body, Trailers: trailers, Timeout: timeout, Plugin: p.cfg.Name}
 
-	callCtx, cancel := context.WithCancelCause(p.ctx)
-	pc := &pendingCall{cancel: func() { cancel(ErrClosed) }}
-	v.calls[token] = pc
-	finish := func(resp *HTTPCallResponse, err error) {
-		pc.once.Do(func() {
-			if err == nil {
-				cancel(context.Canceled)
-			} else {
-				cancel(err)
-			}
-			v.in.post(func() { v.deliverHTTPCall(token, pc, resp, err) })
-		})
-	}
-	if timeout > 0 {
-		pc.stop = p.env.Clock.AfterFunc(timeout, func() { finish(nil, ErrHTTPCallTimeout) })
-	}
+	pc, callCtx, finish := startCall(v, v.calls, token, timeout, ErrHTTPCallTimeout, func(pc *pendingCall, resp *HTTPCallResponse, err error) {
+		v.deliverHTTPCall(token, pc, resp, err)
+	})
 	if err := p.env.HTTPCalls.DispatchHTTPCall(callCtx, req, finish); err != nil {
-		pc.once.Do(func() {})
-		if pc.stop != nil {
-			pc.stop()
-		}
-		cancel(err)
+		pc.abandon(err)
 		delete(v.calls, token)
 		if errors.Is(err, ErrUnknownCluster) {
 			return StatusBadArgument

@@ -85,12 +85,55 @@ func (g *guestContext) core() *streamCore {
 	return nil
 }
 
+// pendingCall is an HTTP or gRPC call a guest made and the host has not delivered yet.
 type pendingCall struct {
-	once   sync.Once
-	stop   func() bool
-	cancel context.CancelFunc
-	// cancelCause ends a gRPC call's context with a given cause (the guest cancelled it).
-	cancelCause context.CancelCauseFunc
+	// once is taken by the call's first outcome (its answer, failure or timeout), or by
+	// abandon: later ones are dropped.
+	once sync.Once
+	stop func() bool // the timeout's timer; nil without one
+	// cancel ends the dispatcher's context with a cause.
+	cancel context.CancelCauseFunc
+}
+
+// startCall registers a call of the VM under token in calls and returns its dispatcher's
+// context and finish, which the dispatcher calls with the call's outcome: the first one
+// (or timeoutErr once timeout passes, if it is not 0) ends the context and is handed to
+// deliver on the instance. deliver is posted outside the Once: post may run it at once,
+// and a callback that cancels the call takes the Once too.
+func startCall[R any](v *vm, calls map[uint32]*pendingCall, token uint32, timeout time.Duration, timeoutErr error,
+	deliver func(pc *pendingCall, r R, err error)) (*pendingCall, context.Context, func(R, error)) {
+	ctx, cancel := context.WithCancelCause(v.p.ctx)
+	pc := &pendingCall{cancel: cancel}
+	calls[token] = pc
+	finish := func(r R, err error) {
+		first := false
+		pc.once.Do(func() {
+			first = true
+			if err == nil {
+				cancel(context.Canceled)
+			} else {
+				cancel(err)
+			}
+		})
+		if first {
+			v.in.post(func() { deliver(pc, r, err) })
+		}
+	}
+	if timeout > 0 {
+		var none R
+		pc.stop = v.p.env.Clock.AfterFunc(timeout, func() { finish(none, timeoutErr) })
+	}
+	return pc, ctx, finish
+}
+
+// abandon ends a call with nothing delivered (its dispatch failed, the guest cancelled it,
+// or the VM went away): its timer stops and the dispatcher's context ends with cause.
+func (pc *pendingCall) abandon(cause error) {
+	pc.once.Do(func() {})
+	if pc.stop != nil {
+		pc.stop()
+	}
+	pc.cancel(cause)
 }
 
 // vmCall is the state of one guest callback, reachable from host functions through the
@@ -468,17 +511,11 @@ func (v *vm) kill() {
 		v.tick = nil
 	}
 	for tok, pc := range v.calls {
-		if pc.stop != nil {
-			pc.stop()
-		}
-		pc.cancel()
+		pc.abandon(ErrClosed)
 		delete(v.calls, tok)
 	}
 	for tok, pc := range v.grpcCalls {
-		if pc.stop != nil {
-			pc.stop()
-		}
-		pc.cancel()
+		pc.abandon(ErrClosed)
 		delete(v.grpcCalls, tok)
 	}
 	if v.doneCh != nil {
