@@ -20,9 +20,10 @@ import (
 
 // gRPC status codes meshproxy produces itself (the codes Envoy's async client reports).
 const (
-	grpcUnknown     = 2
-	grpcInternal    = 13
-	grpcUnavailable = 14
+	grpcUnknown          = 2
+	grpcDeadlineExceeded = 4
+	grpcInternal         = 13
+	grpcUnavailable      = 14
 )
 
 // maxGRPCResponse bounds the response body a call reads (gRPC's default receive limit).
@@ -32,7 +33,8 @@ const maxGRPCResponse = 4 << 20
 // does: a POST of one length-prefixed message over HTTP/2 (content-type application/grpc,
 // te: trailers, grpc-timeout from the call's timeout), the status read from grpc-status
 // and grpc-message in the trailers (or the headers of a trailers-only answer). A cluster
-// with no healthy host, a connect failure or a reset is UNAVAILABLE; a cluster that does
+// with no healthy host, a connect failure or a reset is UNAVAILABLE (a reset past the
+// call's deadline DEADLINE_EXCEEDED); a cluster that does
 // not speak HTTP/2 cannot carry gRPC (Envoy requires http2_protocol_options) and fails the
 // same way. The call's context, cancelled on timeout or cancel, resets the stream.
 func (m *Manager) dispatchGRPC(ctx context.Context, req *host.GRPCCallRequest, done func(*host.GRPCCallResponse, error)) error {
@@ -43,6 +45,16 @@ func (m *Manager) dispatchGRPC(ctx context.Context, req *host.GRPCCallRequest, d
 	hr, err := grpcHTTPRequest(ctx, req)
 	if err != nil {
 		return err
+	}
+	// A stream broken past the call's deadline is DEADLINE_EXCEEDED, as gRPC clients
+	// report it: the server, told the deadline by grpc-timeout, may reset the stream when
+	// it passes, a moment before the host's own timer ends the call.
+	deadline := time.Now().Add(req.Timeout)
+	broken := func(msg string) *host.GRPCCallResponse {
+		if req.Timeout > 0 && !time.Now().Before(deadline) {
+			return &host.GRPCCallResponse{Status: grpcDeadlineExceeded, StatusMessage: "deadline exceeded: " + msg}
+		}
+		return unavailable(msg)
 	}
 	go func() {
 		if !cl.UsesHTTP2(true) {
@@ -56,10 +68,10 @@ func (m *Manager) dispatchGRPC(ctx context.Context, req *host.GRPCCallRequest, d
 		}
 		resp, err := cl.RoundTrip(hr, h, true)
 		if err != nil {
-			done(unavailable(err.Error()), nil)
+			done(broken(err.Error()), nil)
 			return
 		}
-		done(grpcResponse(resp), nil)
+		done(grpcResponse(resp, broken), nil)
 	}()
 	return nil
 }
@@ -126,12 +138,12 @@ func grpcHTTPRequest(ctx context.Context, req *host.GRPCCallRequest) (*http.Requ
 // grpcResponse reads the answer: one message, then the status from the trailers, or from
 // the headers of a trailers-only answer; a non-200 answer without grpc-status gets the
 // status gRPC maps its HTTP status to.
-func grpcResponse(resp *http.Response) *host.GRPCCallResponse {
+func grpcResponse(resp *http.Response, broken func(string) *host.GRPCCallResponse) *host.GRPCCallResponse {
 	defer resp.Body.Close()
 	out := &host.GRPCCallResponse{InitialMetadata: metadataOf(resp.Header)}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxGRPCResponse+6))
 	if err != nil {
-		return unavailable(err.Error())
+		return broken(err.Error())
 	}
 	status, hasStatus := resp.Trailer.Get("grpc-status"), resp.Trailer.Get("grpc-status") != ""
 	msg := resp.Trailer.Get("grpc-message")
