@@ -1,14 +1,11 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"math"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -246,39 +243,27 @@ type bucket struct {
 	count float64
 }
 
-// convergenceBuckets reads discovery's pilot_proxy_convergence_time histogram.
+// convergenceBuckets reads discovery's pilot_proxy_convergence_time histogram, its
+// cumulative buckets in order, +Inf last.
 func convergenceBuckets(ctx context.Context, m *localmesh.Mesh) ([]bucket, error) {
 	page, err := getURL(m.DiscoveryURL("/metrics"))
 	if err != nil {
 		return nil, err
 	}
+	metrics, err := localmesh.ParseMetrics(page)
+	if err != nil {
+		return nil, err
+	}
+	series := metrics.Series("pilot_proxy_convergence_time", nil)
+	if len(series) != 1 {
+		return nil, fmt.Errorf("discovery has %d pilot_proxy_convergence_time series, want 1", len(series))
+	}
 	var out []bucket
-	sc := bufio.NewScanner(bytes.NewReader(page))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), `pilot_proxy_convergence_time_bucket{le="`)
-		if !ok {
-			continue
-		}
-		le, value, ok := strings.Cut(rest, `"} `)
-		if !ok {
-			continue
-		}
-		b := bucket{le: math.Inf(1)}
-		if le != "+Inf" {
-			if b.le, err = strconv.ParseFloat(le, 64); err != nil {
-				return nil, err
-			}
-		}
-		if b.count, err = strconv.ParseFloat(value, 64); err != nil {
-			return nil, err
-		}
-		out = append(out, b)
+	for le, n := range series[0].Buckets {
+		out = append(out, bucket{le: le, count: float64(n)})
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("discovery has no pilot_proxy_convergence_time")
-	}
-	return out, nil
+	sort.Slice(out, func(i, j int) bool { return out[i].le < out[j].le })
+	return append(out, bucket{le: math.Inf(1), count: series[0].Value}), nil
 }
 
 // p99Between is the P99 (a bucket's upper bound) of the observations between two readings.

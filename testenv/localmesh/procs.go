@@ -1,7 +1,6 @@
 package localmesh
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -77,21 +76,21 @@ func goroutines(ctx context.Context, url string) (int, error) {
 	return strconv.Atoi(n)
 }
 
-// metricValue reads an unlabelled metric from a Prometheus text page.
+// metricValue reads an unlabelled metric from a Prometheus page.
 func metricValue(ctx context.Context, url, name string) (int, error) {
 	b, err := httpget.Get(ctx, url)
 	if err != nil {
 		return 0, err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			return int(f), err
-		}
+	m, err := ParseMetrics(b)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", url, err)
 	}
-	return 0, fmt.Errorf("%s: no %s", url, name)
+	s := m.Series(name, nil)
+	if len(s) != 1 {
+		return 0, fmt.Errorf("%s: %d series of %s, want 1", url, len(s), name)
+	}
+	return int(s[0].Value), nil
 }
 
 // ProcStats are a process's resident memory and open descriptors, from /proc.
