@@ -155,16 +155,8 @@ func probeInboundDrain(t *testing.T, addr string, kept *http1Conn, h2 *h2cConn) 
 // direction (the stat prefixes are inbound_... and outbound_...).
 func drainCloseStats(t *testing.T, ctx context.Context, p *localmesh.Pod) map[string]int64 {
 	t.Helper()
-	b, err := p.Admin(ctx, "/stats?filter=downstream_cx_drain_close$")
-	require.NoError(t, err)
 	out := map[string]int64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		name, val, ok := strings.Cut(line, ": ")
-		if !ok {
-			continue
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(val), 10, 64)
-		require.NoError(t, err, line)
+	for name, n := range proxyCounters(t, ctx, p, "downstream_cx_drain_close$") {
 		for _, dir := range []string{"inbound", "outbound"} {
 			if strings.HasPrefix(name, "http."+dir+"_") {
 				out[dir] += n
