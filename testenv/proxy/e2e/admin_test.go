@@ -5,12 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -219,4 +223,65 @@ func TestDrainListenersInboundGraceful(t *testing.T) {
 		return false
 	})
 	assert.Equal(t, 200, do(t, client(t), "GET", "http://"+out+"/", "", nil).code)
+}
+
+// A request in flight on an inbound listener when the proxy is told to stop may still need
+// its application's calls out through the sidecar: the outbound listeners keep accepting
+// until the inbound connections are done, then close.
+func TestShutdownKeepsOutboundForInboundInFlight(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	let := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(let) // a failed step must not leave the handler waiting
+	var outAddr atomic.Value
+	noKeepAlive := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	up := newUpstream(t, "up", false, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/call-out" {
+			_, _ = fmt.Fprint(w, "called")
+			return
+		}
+		close(entered)
+		<-release
+		resp, err := noKeepAlive.Get("http://" + outAddr.Load().(string) + "/")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+	})
+	p := proxytest.Start(t, proxytest.Options{Bootstrap: twoListenerBootstrap(up)})
+	in, out := p.ListenerAddr("inbound"), p.ListenerAddr("outbound")
+	outAddr.Store(out)
+	refuses := func(addr string) func() bool {
+		return func() bool {
+			conn, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				return true
+			}
+			conn.Close()
+			return false
+		}
+	}
+
+	answer := make(chan string, 1)
+	go func() {
+		resp, err := noKeepAlive.Get("http://" + in + "/call-out")
+		if err != nil {
+			answer <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answer <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	<-entered
+	p.Signal(syscall.SIGTERM)
+	// The proxy gives its connections a second on SIGTERM: release the request within it.
+	require.Eventually(t, refuses(in), time.Second, time.Millisecond, "the inbound listener closing")
+	assert.False(t, refuses(out)(), "the outbound listener accepts while an inbound request is in flight")
+	let()
+	assert.Equal(t, "200 ", <-answer, "the application's call out during the shutdown went through")
+	assert.True(t, p.Wait(10*time.Second), "the proxy exits once the inbound request is done")
+	assert.True(t, refuses(out)(), "and its outbound listener with it")
 }

@@ -372,10 +372,26 @@ func (m *Manager) StopAccepting() {
 	}
 }
 
-// Shutdown drains every listener until ctx ends.
+// Shutdown drains every listener until ctx ends, the outbound ones last: they keep
+// accepting until the other listeners' connections are done, since a request still in
+// flight on an inbound listener may need its application's calls out through the sidecar.
 func (m *Manager) Shutdown(ctx context.Context) {
-	var wg sync.WaitGroup
+	var first, outbound []*Listener
 	for _, l := range m.Active() {
+		if l.Direction == int(corev3.TrafficDirection_OUTBOUND) {
+			outbound = append(outbound, l)
+		} else {
+			first = append(first, l)
+		}
+	}
+	shutdownAll(ctx, first)
+	shutdownAll(ctx, outbound)
+}
+
+// shutdownAll drains listeners together until ctx ends.
+func shutdownAll(ctx context.Context, ls []*Listener) {
+	var wg sync.WaitGroup
+	for _, l := range ls {
 		wg.Add(1)
 		go func(l *Listener) {
 			defer wg.Done()

@@ -17,7 +17,9 @@ const shutdownGrace = time.Second
 // --restart-epoch > 0 it first takes the listening sockets of the previous epoch of the
 // same --base-id; it always offers its own to the next epoch.
 func Run(ctx context.Context, o Options, exts ...Extension) error {
-	s, err := New(ctx, o, append(DefaultExtensions(), exts...)...)
+	// The server's own context ends with Shutdown, not with ctx: connections, clusters and
+	// listeners live through the grace that follows the signal.
+	s, err := New(context.WithoutCancel(ctx), o, append(DefaultExtensions(), exts...)...)
 	if err != nil {
 		return err
 	}

@@ -652,12 +652,11 @@ func (s *Server) DrainListeners(inboundOnly, graceful bool) {
 }
 
 // Shutdown stops the server: listeners stop accepting, connections get until ctx ends to
-// finish, then everything closes.
+// finish (outbound listeners last, see listener.Manager.Shutdown), then everything closes.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.state.Store(StateDraining)
 	s.serverDrain.Start()
 	if s.listeners != nil {
-		s.listeners.StopAccepting()
 		s.listeners.Shutdown(ctx)
 	}
 	s.clusters.Close()
