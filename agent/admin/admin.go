@@ -96,6 +96,9 @@ type ServerInfo struct {
 	State              string `json:"state"`
 	CommandLineOptions struct {
 		RestartEpoch int `json:"restart_epoch"`
+		// DrainTime and ParentShutdownTime are durations in protobuf's JSON form ("45s").
+		DrainTime          string `json:"drain_time"`
+		ParentShutdownTime string `json:"parent_shutdown_time"`
 	} `json:"command_line_options"`
 }
 

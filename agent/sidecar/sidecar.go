@@ -47,11 +47,13 @@ import (
 // Options are the agent's inputs. Zero values mean "not given": the ProxyConfig (from
 // PROXY_CONFIG and the proxy.istio.io/config annotation) or Istio's default applies.
 type Options struct {
-	BinaryPath             string
-	ConfigPath             string
-	ServiceCluster         string
-	DiscoveryAddress       string
-	DrainDuration          time.Duration
+	BinaryPath       string
+	ConfigPath       string
+	ServiceCluster   string
+	DiscoveryAddress string
+	DrainDuration    time.Duration
+	// ParentShutdownDuration is when a hot restart's old epoch is shut down; 0 means the
+	// drain duration plus parentShutdownAfterDrain.
 	ParentShutdownDuration time.Duration
 	ProxyLogLevel          string
 	ProxyComponentLogLevel string
@@ -115,6 +117,10 @@ type Agent struct {
 	draining   atomic.Bool
 }
 
+// parentShutdownAfterDrain is how long a hot restart's old epoch lives past its drain by
+// default (Istio's parentShutdownDuration of 60 s against its drainDuration of 45 s).
+const parentShutdownAfterDrain = 15 * time.Second
+
 // New checks every input and returns the agent, or an error naming the bad input.
 func New(o Options) (*Agent, error) {
 	if o.Log == nil {
@@ -134,9 +140,6 @@ func New(o Options) (*Agent, error) {
 	}
 	if o.PodInfoDir == "" {
 		o.PodInfoDir = podinfo.DefaultDir
-	}
-	if o.ParentShutdownDuration <= 0 {
-		o.ParentShutdownDuration = 60 * time.Second
 	}
 	if o.ProxyLogLevel == "" {
 		o.ProxyLogLevel = "warning"
@@ -242,11 +245,18 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The old epoch drains for drainDuration, then has parentShutdownDuration in all; by
+	// default 15 s more than the drain, Istio's 45 s and 60 s.
+	drain := proxyconfig.Duration(pc.GetDrainDuration(), 45*time.Second)
+	parentShutdown := o.ParentShutdownDuration
+	if parentShutdown <= 0 {
+		parentShutdown = drain + parentShutdownAfterDrain
+	}
 	if a.proxy, err = envoyproc.New(envoyproc.Config{
 		BinaryPath:             pc.GetBinaryPath(),
 		ConfigPath:             pc.GetConfigPath(),
-		DrainDuration:          proxyconfig.Duration(pc.GetDrainDuration(), 45*time.Second),
-		ParentShutdownDuration: o.ParentShutdownDuration,
+		DrainDuration:          drain,
+		ParentShutdownDuration: parentShutdown,
 		ServiceCluster:         a.params.Cluster,
 		ServiceNode:            a.params.NodeID,
 		LogLevel:               o.ProxyLogLevel,

@@ -386,3 +386,28 @@ func TestMergedMetrics(t *testing.T) {
 	assert.Contains(t, proxyPage, "istio_requests_total{")
 	assert.NotContains(t, proxyPage, "shop_orders_total")
 }
+
+// A hot restart's old epoch is shut down the drain duration plus 15 s after the restart,
+// unless the flag says otherwise: Istio's 45 s drain and 60 s shutdown, and a pod that
+// shortens its drain in ProxyConfig shortens both.
+func TestParentShutdownFollowsTheDrain(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		parentShutdown time.Duration
+		drain, want    string
+	}{
+		{name: "ProxyConfig drain", drain: "7s", want: "22s"},
+		{name: "flag", parentShutdown: 9 * time.Second, drain: "7s", want: "9s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, r := options(t, pod{proxyConfig: fmt.Sprintf(`"drainDuration":%q`, tc.drain), configured: true})
+			o.DrainDuration, o.ParentShutdownDuration = 0, tc.parentShutdown
+			r.run(t, o)
+			require.Eventually(t, r.epochLive(0), 20*time.Second, 20*time.Millisecond)
+			si, err := r.agent.Admin().ServerInfo(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, tc.drain, si.CommandLineOptions.DrainTime)
+			assert.Equal(t, tc.want, si.CommandLineOptions.ParentShutdownTime)
+		})
+	}
+}

@@ -21,23 +21,38 @@ import (
 // DURATION=30m; make test runs a short one). Every second a config change (a header the
 // frontend's route adds to backend calls: an RDS push); every 30 s a backend scaled down
 // (graceful stop) and up (a new pod); every 5 minutes a certificate rotation of the
-// frontend, which hot-restarts its proxy (in a run shorter than ten minutes, once, at an
-// eighth of the run, so that the old epoch, which lives on for the agent's
-// parentShutdownDuration of 60 s as Istio's does, is gone before the last fifth). It
+// frontend, which hot-restarts its proxy. The old epoch lives on for the agent's
+// parentShutdownDuration (drainDuration plus 15 s: 60 s by default, as Istio's), sharing
+// the pod's connections with the new one; a run shorter than ten minutes rotates once, 3 s
+// in, with a 2 s drain (ProxyConfig on the frontend), so that the old epoch is gone before
+// the second fifth and the live proxy is compared with itself carrying all the load. It
 // asserts that no request fails, that every process alive from the first fifth to the end
 // keeps its memory, goroutines and descriptors flat after warm-up (the second fifth of the
 // run against the last), and that discovery's push convergence P99 stays steady.
 
 const (
-	soakRate         = 300
-	soakDefault      = 150 * time.Second
-	soakSample       = 2 * time.Second
-	soakScaleEvery   = 30 * time.Second
-	soakRotateEvery  = 5 * time.Minute
-	soakGrowth       = 0.10 // allowed growth, second fifth to last
-	soakRSSFloor     = 2 << 20
-	soakCountFloor   = 10 // goroutines, descriptors: a proxy's follow the requests in flight
-	soakConvergeRoom = 2.0
+	soakRate        = 300
+	soakDefault     = 150 * time.Second
+	soakSample      = 2 * time.Second
+	soakScaleEvery  = 30 * time.Second
+	soakRotateEvery = 5 * time.Minute
+	// A short run's one rotation, and the frontend's drain then: its old epoch is gone
+	// 3+2+15 s in, before the second fifth of the shortest run (2 min) starts at 24 s.
+	soakShortRotateAt = 3 * time.Second
+	soakShortDrain    = 2 * time.Second
+	soakGrowth        = 0.10 // allowed growth, second fifth to last
+	soakRSSFloor      = 2 << 20
+	soakCountFloor    = 10 // goroutines, descriptors other than sockets
+	// Connection pools keep, idle, as many connections as the most requests ever in flight
+	// (Envoy's and Istio's upstream idle timeout is an hour), so a pod's sockets follow
+	// the load's peaks: up to soakPoolRoom more sockets are allowed, the load's most
+	// requests in flight (meshrunner.StartLoad's 32) times the connections one of them
+	// holds in the frontend's proxy (in from the client, to the app, in from the app, to
+	// a backend), and soakGoroutinesPerConn goroutines for each new one. A connection
+	// kept to a pod that is gone is a leak, checked apart (checkNoStaleConnections).
+	soakPoolRoom          = 32 * 4
+	soakGoroutinesPerConn = 2
+	soakConvergeRoom      = 2.0
 )
 
 func soakDuration(t *testing.T) time.Duration {
@@ -70,6 +85,7 @@ type procSample struct {
 	at         time.Duration
 	rss        int64
 	fds        int
+	sockets    int
 	goroutines int // -1: not read
 }
 
@@ -77,13 +93,21 @@ func TestSoak(t *testing.T) {
 	d := soakDuration(t)
 	m, ctx := startMeshFor(t, frontBack(), d+3*time.Minute)
 	require.NoError(t, m.WriteConfig("soak-route.yaml", soakRoute(0)))
-	var backends []*localmesh.Pod
+	var backends, gone []*localmesh.Pod
 	for i := 0; i < 2; i++ {
 		b, err := m.AddPod(ctx, backendPod())
 		require.NoError(t, err)
 		backends = append(backends, b)
 	}
-	front, err := m.AddPod(ctx, frontendPod())
+	rotateEvery, nextRotate := soakRotateEvery, soakRotateEvery
+	var frontOpts []func(*localmesh.PodSpec)
+	if d < 2*soakRotateEvery {
+		rotateEvery, nextRotate = d, soakShortRotateAt
+		frontOpts = append(frontOpts, func(s *localmesh.PodSpec) {
+			s.Annotations = map[string]string{"proxy.istio.io/config": "drainDuration: " + soakShortDrain.String()}
+		})
+	}
+	front, err := m.AddPod(ctx, frontendPod(frontOpts...))
 	require.NoError(t, err)
 	g := steadyLoad(t, ctx, front.URL("/"), soakRate)
 	waitServed(t, g, soakRate)
@@ -120,7 +144,7 @@ func TestSoak(t *testing.T) {
 				if err != nil {
 					continue // gone meanwhile
 				}
-				s.rss, s.fds = st.RSS, st.FDs
+				s.rss, s.fds, s.sockets = st.RSS, st.FDs, st.Sockets
 				if p.Goroutines != nil {
 					if n, err := p.Goroutines(sctx); err == nil {
 						s.goroutines = n
@@ -133,10 +157,6 @@ func TestSoak(t *testing.T) {
 		}
 	}()
 
-	rotateEvery, nextRotate := soakRotateEvery, soakRotateEvery
-	if d < 2*soakRotateEvery {
-		rotateEvery, nextRotate = d, d/8
-	}
 	changes, scales, rotations := 0, 0, 0
 	nextScale := soakScaleEvery
 	for tick := time.NewTicker(time.Second); time.Since(begin) < d; <-tick.C {
@@ -146,8 +166,9 @@ func TestSoak(t *testing.T) {
 		case at >= nextScale:
 			nextScale += soakScaleEvery
 			scales++
-			gone := backends[0]
-			require.NoError(t, gone.Stop(ctx), "scale down %s", gone.Spec.Name)
+			down := backends[0]
+			require.NoError(t, down.Stop(ctx), "scale down %s", down.Spec.Name)
+			gone = append(gone, down)
 			b, err := m.AddPod(ctx, backendPod())
 			require.NoError(t, err, "scale up")
 			backends = append(backends[1:], b)
@@ -169,13 +190,15 @@ func TestSoak(t *testing.T) {
 	assert.Positive(t, scales)
 	assert.Positive(t, rotations)
 	checkFlat(t, samples, d)
+	checkNoStaleConnections(t, m, gone)
 	checkConvergenceSteady(t, convergence)
 }
 
 // checkFlat compares, for every process alive from the first fifth of the run to its last
 // (a process started later is still warming up in the second), the mean of each reading
 // in the second fifth and in the last; growth is allowed up to soakGrowth, or a floor
-// for short runs, whose fifths are seconds long (one collection moves RSS by megabytes).
+// for short runs, whose fifths are seconds long (one collection moves RSS by megabytes),
+// and for sockets and the goroutines that serve them, the room of connection pools.
 func checkFlat(t *testing.T, samples map[string][]procSample, d time.Duration) {
 	t.Helper()
 	names := make([]string, 0, len(samples))
@@ -190,23 +213,41 @@ func checkFlat(t *testing.T, samples map[string][]procSample, d time.Duration) {
 			continue // not alive through the run (scaled, or a hot restart's epoch)
 		}
 		compared++
-		t.Logf("%-28s rss %6.1f -> %6.1f MiB, fds %5.1f -> %5.1f, goroutines %6.1f -> %6.1f", n,
-			second.rss/(1<<20), last.rss/(1<<20), second.fds, last.fds, second.goroutines, last.goroutines)
+		t.Logf("%-28s rss %6.1f -> %6.1f MiB, other fds %5.1f -> %5.1f, sockets %5.1f -> %5.1f, goroutines %6.1f -> %6.1f", n,
+			second.rss/(1<<20), last.rss/(1<<20), second.fds-second.sockets, last.fds-last.sockets,
+			second.sockets, last.sockets, second.goroutines, last.goroutines)
 		flat := func(what string, a, b, floor float64) {
 			assert.LessOrEqual(t, b-a, math.Max(a*soakGrowth, floor), "%s: %s grew from %.1f to %.1f", n, what, a, b)
 		}
 		flat("resident memory", second.rss, last.rss, soakRSSFloor)
-		flat("open descriptors", second.fds, last.fds, soakCountFloor)
+		flat("descriptors other than sockets", second.fds-second.sockets, last.fds-last.sockets, soakCountFloor)
+		flat("sockets", second.sockets, last.sockets, soakPoolRoom)
 		if second.goroutines >= 0 && last.goroutines >= 0 {
-			flat("goroutines", second.goroutines, last.goroutines, soakCountFloor)
+			flat("goroutines", second.goroutines, last.goroutines,
+				soakCountFloor+soakGoroutinesPerConn*math.Max(0, last.sockets-second.sockets))
 		}
 	}
 	assert.GreaterOrEqual(t, compared, 4, "processes alive through the run (discovery, the frontend's agent, app and live proxy)")
 }
 
+// checkNoStaleConnections asserts that no process of the mesh still has a connection to
+// a pod that was scaled down: pools let go of connections to a host that left.
+func checkNoStaleConnections(t *testing.T, m *localmesh.Mesh, gone []*localmesh.Pod) {
+	t.Helper()
+	for _, p := range m.Processes() {
+		peers, err := localmesh.TCPPeers(p.Pid)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, g := range gone {
+			assert.Zero(t, peers[g.IP], "%s@%d keeps %d connections to %s (%s), scaled down", p.Name, p.Pid, peers[g.IP], g.IP, g.Spec.Name)
+		}
+	}
+}
+
 type means struct {
-	n                    int
-	rss, fds, goroutines float64
+	n                             int
+	rss, fds, sockets, goroutines float64
 }
 
 // fifthMeans averages the samples taken in fifth k (0-based) of a run of d.
@@ -221,6 +262,7 @@ func fifthMeans(ss []procSample, d time.Duration, k int) means {
 		m.n++
 		m.rss += float64(s.rss)
 		m.fds += float64(s.fds)
+		m.sockets += float64(s.sockets)
 		if s.goroutines >= 0 {
 			gn++
 			g += float64(s.goroutines)
@@ -229,6 +271,7 @@ func fifthMeans(ss []procSample, d time.Duration, k int) means {
 	if m.n > 0 {
 		m.rss /= float64(m.n)
 		m.fds /= float64(m.n)
+		m.sockets /= float64(m.n)
 	}
 	m.goroutines = -1
 	if gn > 0 {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -97,6 +98,8 @@ func metricValue(ctx context.Context, url, name string) (int, error) {
 type ProcStats struct {
 	RSS int64 // bytes
 	FDs int
+	// Sockets are the descriptors among FDs that are sockets (listeners, connections).
+	Sockets int
 }
 
 // ReadProcStats reads pid's ProcStats.
@@ -115,10 +118,63 @@ func ReadProcStats(pid int) (ProcStats, error) {
 			s.RSS = kb << 10
 		}
 	}
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	inodes, fds, err := socketInodes(pid)
 	if err != nil {
 		return s, err
 	}
-	s.FDs = len(fds)
+	s.FDs, s.Sockets = fds, len(inodes)
 	return s, nil
 }
+
+// socketInodes reads pid's descriptors: the inodes of those that are sockets, and how
+// many there are in all.
+func socketInodes(pid int) (map[string]bool, int, error) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, 0, err
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		link, err := os.Readlink(filepath.Join(dir, fd.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if ino, ok := strings.CutPrefix(link, "socket:["); ok {
+			inodes[strings.TrimSuffix(ino, "]")] = true
+		}
+	}
+	return inodes, len(fds), nil
+}
+
+// TCPPeers counts pid's IPv4 TCP connections (every state but LISTEN) by the remote IP,
+// from /proc/<pid>/net/tcp and the process's socket descriptors.
+func TCPPeers(pid int) (map[string]int, error) {
+	inodes, _, err := socketInodes(pid)
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/tcp", pid))
+	if err != nil {
+		return nil, err
+	}
+	peers := map[string]int{}
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+		f := strings.Fields(line)
+		if len(f) < 10 || !inodes[f[9]] || f[3] == tcpListen {
+			continue
+		}
+		hexIP, _, _ := strings.Cut(f[2], ":")
+		v, err := strconv.ParseUint(hexIP, 16, 32)
+		if err != nil {
+			return nil, fmt.Errorf("/proc/%d/net/tcp: remote address %q: %w", pid, f[2], err)
+		}
+		// The kernel prints the address as a native (little-endian) 32-bit word.
+		peers[fmt.Sprintf("%d.%d.%d.%d", byte(v), byte(v>>8), byte(v>>16), byte(v>>24))]++
+	}
+	return peers, nil
+}
+
+// tcpListen is TCP_LISTEN in /proc/net/tcp's st column.
+const tcpListen = "0A"

@@ -105,7 +105,7 @@ func newProxy(stdout, stderr io.Writer, logger func() (*slog.Logger, *slog.Level
 	f.StringVar(&o.ServiceCluster, "serviceCluster", "", "proxy service cluster (default <app label>.<namespace>)")
 	f.StringVar(&o.DiscoveryAddress, "discoveryAddress", "", "xDS address host:port (default: ProxyConfig discoveryAddress)")
 	f.DurationVar(&o.DrainDuration, "drainDuration", 0, "how long the old epoch drains in a hot restart (default: ProxyConfig drainDuration, 45s)")
-	f.DurationVar(&o.ParentShutdownDuration, "parentShutdownDuration", 60*time.Second, "when the old epoch is shut down in a hot restart")
+	f.DurationVar(&o.ParentShutdownDuration, "parentShutdownDuration", 0, "when the old epoch is shut down in a hot restart (default: the drain duration plus 15s, 60s with Istio's drain)")
 	f.StringVar(&o.ProxyLogLevel, "proxyLogLevel", "warning", "proxy log level")
 	f.StringVar(&o.ProxyComponentLogLevel, "proxyComponentLogLevel", "misc:error", "proxy per-component log levels")
 	f.IntVar(&o.Concurrency, "concurrency", 0, "proxy worker threads (default: ProxyConfig concurrency, 2)")
