@@ -53,7 +53,7 @@ type Options struct {
 	DiscoveryAddress string
 	DrainDuration    time.Duration
 	// ParentShutdownDuration is when a hot restart's old epoch is shut down; 0 means the
-	// drain duration plus parentShutdownAfterDrain.
+	// drain duration plus 15 s (parentShutdown).
 	ParentShutdownDuration time.Duration
 	ProxyLogLevel          string
 	ProxyComponentLogLevel string
@@ -117,9 +117,15 @@ type Agent struct {
 	draining   atomic.Bool
 }
 
-// parentShutdownAfterDrain is how long a hot restart's old epoch lives past its drain by
-// default (Istio's parentShutdownDuration of 60 s against its drainDuration of 45 s).
-const parentShutdownAfterDrain = 15 * time.Second
+// parentShutdown is when a hot restart's old epoch is shut down: the flag's value, or by
+// default 15 s after its drain ends (Istio's parentShutdownDuration of 60 s against its
+// drainDuration of 45 s).
+func parentShutdown(flag, drain time.Duration) time.Duration {
+	if flag > 0 {
+		return flag
+	}
+	return drain + 15*time.Second
+}
 
 // New checks every input and returns the agent, or an error naming the bad input.
 func New(o Options) (*Agent, error) {
@@ -245,18 +251,12 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The old epoch drains for drainDuration, then has parentShutdownDuration in all; by
-	// default 15 s more than the drain, Istio's 45 s and 60 s.
 	drain := proxyconfig.Duration(pc.GetDrainDuration(), 45*time.Second)
-	parentShutdown := o.ParentShutdownDuration
-	if parentShutdown <= 0 {
-		parentShutdown = drain + parentShutdownAfterDrain
-	}
 	if a.proxy, err = envoyproc.New(envoyproc.Config{
 		BinaryPath:             pc.GetBinaryPath(),
 		ConfigPath:             pc.GetConfigPath(),
 		DrainDuration:          drain,
-		ParentShutdownDuration: parentShutdown,
+		ParentShutdownDuration: parentShutdown(o.ParentShutdownDuration, drain),
 		ServiceCluster:         a.params.Cluster,
 		ServiceNode:            a.params.NodeID,
 		LogLevel:               o.ProxyLogLevel,
