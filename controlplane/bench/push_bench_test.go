@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	runtimemetrics "runtime/metrics"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -119,6 +120,22 @@ func memory() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc + m.StackInuse
+}
+
+// selfRSS is this process's resident memory (the server's, in the push benchmark: the
+// load clients are another process).
+func selfRSS(b *testing.B) int64 {
+	st, err := os.ReadFile("/proc/self/status")
+	require.NoError(b, err)
+	for _, line := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			require.NoError(b, err, line)
+			return kb << 10
+		}
+	}
+	b.Fatal("/proc/self/status has no VmRSS")
+	return 0
 }
 
 // measure runs change b.N times and reports time to the last ACK, server CPU and bytes.
@@ -264,7 +281,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	// capacity gate; no rate cap (the default).
 	ctx, d, stop := runDiscovery(b, opts)
 	defer stop()
-	memBefore := memory()
+	memBefore, rssBefore := memory(), selfRSS(b)
 	stopProfile := profileServer(b, "connect")
 	connectBefore := sample(bytes)
 	loader, err := StartLoader(ctx, bin, d.GRPCAddr(), sc.Proxies, delta, namespaces)
@@ -273,12 +290,16 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	connected := sample(bytes)
 	stopProfile()
 	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)
+	// Resident memory as an operator sees it after the proxies connected: the live heap
+	// above, plus what the collector has not given back.
+	rssPerProxy := float64(selfRSS(b)-rssBefore) / float64(sc.Proxies)
 	writeHeapProfile(b, "wasmesh", sc)
 	debounce := opts.Debounce.After
 	op := &operator{}
 	report := func(b *testing.B) {
 		b.ReportMetric((connected.cpu - connectBefore.cpu).Seconds(), "connect-server-cpu-s")
 		b.ReportMetric(float64(connected.bytes-connectBefore.bytes)/(1<<20), "connect-server-MiB")
+		b.ReportMetric(rssPerProxy/1024, "connect-server-rss-KiB/proxy")
 	}
 	var newService func(int) string
 	newCluster := ClusterName
