@@ -157,7 +157,7 @@ func (r *kubeRun) serve(b *testing.B, base *kubeFigures, args []string, change f
 	}
 	f.watches = after.watches
 	b.Logf("%s: the API server's non-WATCH requests per minute while idle, by verb and resource: %v; open watches: %v", b.Name(), f.idleByKind, f.watches)
-	f.rss = p.rss(b)
+	f.rss = processRSS(b, p.cmd.Process.Pid)
 	heap := 0.0
 	for _, s := range p.metrics(b) {
 		if s.name == "go_memstats_heap_inuse_bytes" {
@@ -266,9 +266,10 @@ func (p *discoveryProcess) stop() {
 	}
 }
 
-// rss is the process's resident set (VmRSS), in bytes.
-func (p *discoveryProcess) rss(b *testing.B) float64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+// processRSS is a process's resident set (VmRSS), in bytes: a discovery process, or this
+// one (the server, in the push benchmark: its load clients are another process).
+func processRSS(b *testing.B, pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	require.NoError(b, err)
 	for _, line := range strings.Split(string(data), "\n") {
 		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" && f[2] == "kB" {

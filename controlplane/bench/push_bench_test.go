@@ -12,7 +12,6 @@ import (
 	"runtime/debug"
 	runtimemetrics "runtime/metrics"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -120,22 +119,6 @@ func memory() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc + m.StackInuse
-}
-
-// selfRSS is this process's resident memory (the server's, in the push benchmark: the
-// load clients are another process).
-func selfRSS(b *testing.B) int64 {
-	st, err := os.ReadFile("/proc/self/status")
-	require.NoError(b, err)
-	for _, line := range strings.Split(string(st), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			require.NoError(b, err, line)
-			return kb << 10
-		}
-	}
-	b.Fatal("/proc/self/status has no VmRSS")
-	return 0
 }
 
 // measure runs change b.N times and reports time to the last ACK, server CPU and bytes.
@@ -281,7 +264,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	// capacity gate; no rate cap (the default).
 	ctx, d, stop := runDiscovery(b, opts)
 	defer stop()
-	memBefore, rssBefore := memory(), selfRSS(b)
+	memBefore, rssBefore := memory(), processRSS(b, os.Getpid())
 	stopProfile := profileServer(b, "connect")
 	connectBefore := sample(bytes)
 	loader, err := StartLoader(ctx, bin, d.GRPCAddr(), sc.Proxies, delta, namespaces)
@@ -292,7 +275,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 	memPerProxy := float64(int64(memory())-int64(memBefore)) / float64(sc.Proxies)
 	// Resident memory as an operator sees it after the proxies connected: the live heap
 	// above, plus what the collector has not given back.
-	rssPerProxy := float64(selfRSS(b)-rssBefore) / float64(sc.Proxies)
+	rssPerProxy := (processRSS(b, os.Getpid()) - rssBefore) / float64(sc.Proxies)
 	writeHeapProfile(b, "wasmesh", sc)
 	debounce := opts.Debounce.After
 	op := &operator{}
