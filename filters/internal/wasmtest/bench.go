@@ -4,7 +4,6 @@ package wasmtest
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -25,23 +24,37 @@ type Bench struct {
 	// Plugin is the running filter, for checks after the run.
 	Plugin *host.Plugin
 	x      Exchange
+	// count counts the guest's calls per request, in a separate instance (Compare).
+	count func() GuestCounts
 }
 
 // NewBench loads the filter in dir into a fresh runtime with one instance; both are
 // closed when tb ends.
 func NewBench(tb testing.TB, dir string, cfg host.PluginConfig, props map[string]any, x Exchange) *Bench {
 	tb.Helper()
-	ctx := context.Background()
-	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: slog.New(slog.DiscardHandler)})
+	w := newBench(context.Background(), tb, dir, cfg, props, x)
+	w.count = func() GuestCounts { return NewCounter(tb, dir, cfg, props).Count(x, countWarmUp, countRequests) }
+	return w
+}
+
+// newBench is NewBench with the context the module is compiled with (a Counter's carries
+// its function listener).
+func newBench(ctx context.Context, tb testing.TB, dir string, cfg host.PluginConfig, props map[string]any, x Exchange) *Bench {
+	tb.Helper()
+	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: discard()})
 	require.NoError(tb, err)
-	tb.Cleanup(func() { _ = rt.Close(ctx) })
+	tb.Cleanup(func() { _ = rt.Close(context.Background()) })
 	mod, err := rt.Compile(ctx, Bytes(tb, dir))
 	require.NoError(tb, err)
-	p, err := rt.NewPlugin(ctx, mod, cfg, host.Environment{Logger: slog.New(slog.DiscardHandler), Properties: props})
+	p, err := rt.NewPlugin(ctx, mod, cfg, host.Environment{Logger: discard(), Properties: props})
 	require.NoError(tb, err)
-	tb.Cleanup(func() { _ = p.Close(ctx) })
+	tb.Cleanup(func() { _ = p.Close(context.Background()) })
 	return &Bench{tb: tb, Plugin: p, x: x}
 }
+
+// The exchanges a Counter sees before counting and counts: enough for the guest's
+// collector to run a few times at the filters' heap sizes.
+const countWarmUp, countRequests = 50, 2000
 
 // Do sends one headers-only exchange through the filter and returns the response headers
 // as the filter left them.
@@ -104,6 +117,12 @@ func Compare(b *testing.B, w *Bench, native func()) {
 		b.ReportMetric(wb, "wasm-best-ns/req")
 		b.ReportMetric(nb, "native-best-ns/req")
 		b.ReportMetric(wb/nb, "best-wasm/native")
+	}
+	if w.count != nil {
+		gc := w.count()
+		b.ReportMetric(gc.Calls, "guest-calls/req")
+		b.ReportMetric(gc.HostCalls, "host-calls/req")
+		b.ReportMetric(gc.Allocs, "guest-allocs/req")
 	}
 }
 
