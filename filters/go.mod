@@ -12,7 +12,6 @@ require (
 	github.com/kr/pretty v0.3.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/rogpeppe/go-internal v1.12.0 // indirect
-	github.com/tetratelabs/wazero v1.12.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.2 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.48.0 // indirect
@@ -24,6 +23,7 @@ require (
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/proxy-wasm/proxy-wasm-go-sdk v0.0.0-20260105142703-44c7d5847745
+	github.com/tetratelabs/wazero v1.12.0
 	github.com/wasmesh/wasmesh/wasm v0.0.0
 	google.golang.org/protobuf v1.36.12
 	istio.io/api v1.31.1
