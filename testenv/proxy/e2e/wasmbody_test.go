@@ -143,3 +143,47 @@ func TestWasmBodies(t *testing.T) {
 		assert.Equal(t, int64(3000), size)
 	})
 }
+
+// A body whose length is known ends on its last chunk at every filter of a chain, as with
+// Envoy (its codec ends the stream on the last data frame): the second Wasm filter gets
+// the last bytes with end_of_stream, not the bytes and then an empty callback.
+func TestWasmBodyEndsOnItsLastChunk(t *testing.T) {
+	kitchen := kitchenWasm(t)
+	up := newUpstream(t, "up", false, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("content-length", "5")
+		_, _ = w.Write([]byte("hello"))
+	})
+	filter := func(name string) string {
+		return `
+          - name: ` + name + `
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: ` + name + `
+                root_id: kitchen
+                vm_config:
+                  vm_id: ` + name + `
+                  runtime: envoy.wasm.runtime.v8
+                  code: {local: {filename: ` + kitchen + `}}`
+	}
+	listeners := listenerYAML("main", "", routeYAML("/", `{cluster: up}`), httpFilters(filter("first")+filter("second")))
+	p := proxytest.Start(t, proxytest.Options{Bootstrap: bootstrap(staticCluster("up", "", addr(up)), listeners)})
+	r := doBody(t, client(t), "POST", "http://"+p.ListenerAddr("main")+"/", []byte("abc"), map[string]string{"x-op": "log-body"})
+	require.Equal(t, 200, r.code, r.body)
+	require.Equal(t, "hello", r.body)
+
+	callbacks := regexp.MustCompile(`x-body-callback (\w+ size=\d+ eos=\d+)`)
+	var got []string
+	p.Eventually(10*time.Second, "both filters' body callbacks in the log", func() bool {
+		got = got[:0]
+		for _, m := range callbacks.FindAllStringSubmatch(p.Stderr(), -1) {
+			got = append(got, m[1])
+		}
+		return len(got) >= 4
+	})
+	assert.ElementsMatch(t, []string{
+		"request size=3 eos=1", "request size=3 eos=1",
+		"response size=5 eos=1", "response size=5 eos=1",
+	}, got, "one callback per filter and direction, the last bytes with end_of_stream")
+}

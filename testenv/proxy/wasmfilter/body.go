@@ -260,7 +260,11 @@ func (b *bodyFilter) Read(p []byte) (int, error) {
 	n := copy(p, b.pending)
 	b.pending = b.pending[n:]
 	if len(b.pending) == 0 && b.done {
+		// The end comes with the last bytes, as Envoy's codec ends a body whose length it
+		// knows on its last data frame: the next filter gets that chunk with end_of_stream
+		// instead of an empty callback after it.
 		b.src.release()
+		return n, io.EOF
 	}
 	return n, nil
 }

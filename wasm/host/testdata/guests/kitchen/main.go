@@ -311,6 +311,7 @@ func onRequestHeaders(id, n, eos uint32) uint32 {
 //go:wasmexport proxy_on_request_body
 func onRequestBody(id, size, eos uint32) uint32 {
 	s := streams[id]
+	logBody(s, "request", size, eos)
 	hist := uint64(size)
 	abi.ProxyRecordMetric(histID, hist)
 	if s.ops["buffer-body"] {
@@ -363,9 +364,17 @@ func onResponseHeaders(id, n, eos uint32) uint32 {
 	return 0
 }
 
+// logBody logs a body callback's arguments when the stream asked for it (op log-body).
+func logBody(s *stream, dir string, size, eos uint32) {
+	if s.ops["log-body"] {
+		abi.Log(2, "x-body-callback "+dir+" size="+itoa(size)+" eos="+itoa(eos))
+	}
+}
+
 //go:wasmexport proxy_on_response_body
 func onResponseBody(id, size, eos uint32) uint32 {
 	s := streams[id]
+	logBody(s, "response", size, eos)
 	if s.ops["resp-body"] && eos == 1 {
 		abi.SetBuffer(abi.ResponseBody, size, 0, []byte(" world"))
 	}
