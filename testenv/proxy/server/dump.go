@@ -2,12 +2,10 @@ package server
 
 import (
 	"errors"
-	"strings"
-
 	"fmt"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
@@ -16,6 +14,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
