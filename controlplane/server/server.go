@@ -298,10 +298,10 @@ func GRPCOptions(extra ...grpc.ServerOption) []grpc.ServerOption {
 }
 
 // Serve serves g on lis until ctx ends, then stops gracefully: streams are told to finish
-// and given up to grace before being cut.
+// and given up to grace before being cut. Connections get ProxyReadTimeout.
 func Serve(ctx context.Context, g *grpc.Server, lis net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(lis) }()
+	go func() { errc <- g.Serve(readTimeoutListener{Listener: lis, timeout: ProxyReadTimeout}) }()
 	select {
 	case err := <-errc:
 		return err
