@@ -4,6 +4,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/wasmesh/wasmesh/filters/internal/wasmtest"
 	"github.com/wasmesh/wasmesh/wasm/host"
@@ -23,7 +24,10 @@ func BenchmarkReporter(b *testing.B) {
 		wasmtest.Exchange{
 			Request:  x.reqHeaders,
 			Response: append([][2]string{{":status", "200"}}, x.respHeaders[1:]...),
+			// request.duration as the native side's (and as Envoy has it at the log phase), so
+			// both take the same path: the duration read, not the guest's clock.
 			Info: host.StreamInfo{Protocol: "HTTP/1.1", ClusterName: "outbound|9080||ratings.prod.svc.cluster.local",
+				Duration: 30 * time.Millisecond,
 				Upstream: host.UpstreamInfo{URISanPeerCertificate: ratingsSAN, URISanLocalCertificate: productpageSAN}},
 		})
 	wasmtest.Compare(b, w, func() { native.do(x) })
