@@ -154,20 +154,7 @@ func TestWasmBodyEndsOnItsLastChunk(t *testing.T) {
 		w.Header().Set("content-length", "5")
 		_, _ = w.Write([]byte("hello"))
 	})
-	filter := func(name string) string {
-		return `
-          - name: ` + name + `
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: ` + name + `
-                root_id: kitchen
-                vm_config:
-                  vm_id: ` + name + `
-                  runtime: envoy.wasm.runtime.v8
-                  code: {local: {filename: ` + kitchen + `}}`
-	}
-	listeners := listenerYAML("main", "", routeYAML("/", `{cluster: up}`), httpFilters(filter("first")+filter("second")))
+	listeners := listenerYAML("main", "", routeYAML("/", `{cluster: up}`), httpFilters(wasmFilterYAML("first", kitchen, "")+wasmFilterYAML("second", kitchen, "")))
 	p := proxytest.Start(t, proxytest.Options{Bootstrap: bootstrap(staticCluster("up", "", addr(up)), listeners)})
 	r := doBody(t, client(t), "POST", "http://"+p.ListenerAddr("main")+"/", []byte("abc"), map[string]string{"x-op": "log-body"})
 	require.Equal(t, 200, r.code, r.body)
