@@ -15,10 +15,7 @@ const ProxyReadTimeout = time.Minute
 
 // readTimeoutListener gives every accepted TCP connection ProxyReadTimeout, and hands it to
 // gRPC as a plain net.Conn: gRPC sets its own TCP_USER_TIMEOUT only on a *net.TCPConn.
-type readTimeoutListener struct {
-	net.Listener
-	timeout time.Duration
-}
+type readTimeoutListener struct{ net.Listener }
 
 func (l readTimeoutListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
@@ -29,7 +26,7 @@ func (l readTimeoutListener) Accept() (net.Conn, error) {
 	if !ok {
 		return c, nil
 	}
-	if err := setUserTimeout(tc, l.timeout); err != nil {
+	if err := setUserTimeout(tc, ProxyReadTimeout); err != nil {
 		return c, nil //nolint:nilerr // the option is not essential: gRPC's then applies
 	}
 	return acceptedConn{tc}, nil

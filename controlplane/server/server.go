@@ -301,7 +301,7 @@ func GRPCOptions(extra ...grpc.ServerOption) []grpc.ServerOption {
 // and given up to grace before being cut. Connections get ProxyReadTimeout.
 func Serve(ctx context.Context, g *grpc.Server, lis net.Listener, grace time.Duration) error {
 	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(readTimeoutListener{Listener: lis, timeout: ProxyReadTimeout}) }()
+	go func() { errc <- g.Serve(readTimeoutListener{lis}) }()
 	select {
 	case err := <-errc:
 		return err
