@@ -112,3 +112,21 @@ func TestInterpreterStopsRunawayGuests(t *testing.T) {
 	require.NotNil(t, res.Failure)
 	assert.Equal(t, FailureTimeout, res.Failure.Kind)
 }
+
+// The plugin's stats time the guest's callbacks: a request counts its callbacks, and a
+// callback that runs until its 150 ms deadline adds at least those 150 ms.
+func TestStatsTimeTheGuestsCallbacks(t *testing.T) {
+	f := newFixture(t, "kitchen", PluginConfig{CallbackTimeout: 150 * time.Millisecond}, Environment{})
+	before := f.p.Stats()
+	f.op(t, "add-header")
+	after := f.p.Stats()
+	// At least the context's creation, the request headers, the end and the deletion.
+	assert.GreaterOrEqual(t, after.Callbacks-before.Callbacks, int64(4), "callbacks of one request")
+	assert.Positive(t, after.CallbackTime-before.CallbackTime)
+
+	res, _ := f.op(t, "loop")
+	require.NotNil(t, res.Failure)
+	require.Equal(t, FailureTimeout, res.Failure.Kind, "%v", res.Failure)
+	assert.GreaterOrEqual(t, f.p.Stats().CallbackTime-after.CallbackTime, 150*time.Millisecond,
+		"the runaway callback's time is counted")
+}

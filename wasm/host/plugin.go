@@ -133,6 +133,11 @@ type PluginStats struct {
 	FailedOpen, FailedClosed, Aborted int64
 	// ActiveStreams is the number of streams not yet finished.
 	ActiveStreams int64
+	// Callbacks counts the host's calls into the guest's callbacks (proxy_on_*), and
+	// CallbackTime is the wall time they took, the host calls they made included: what
+	// the guest costs the proxy.
+	Callbacks    int64
+	CallbackTime time.Duration
 }
 
 // Plugin is a configured module running in Instances VM instances.
@@ -156,6 +161,9 @@ type Plugin struct {
 
 	statsMu sync.Mutex
 	stats   PluginStats
+	// callbacks and callbackTime (ns) are PluginStats' fields of the same names, counted
+	// without the lock: every callback adds to them.
+	callbacks, callbackTime atomic.Int64
 }
 
 // NewPlugin starts cfg.Instances VM instances of mod: each is instantiated, initialised
@@ -253,6 +261,7 @@ func (p *Plugin) Stats() PluginStats {
 	for k, v := range p.stats.Failures {
 		s.Failures[k] = v
 	}
+	s.Callbacks, s.CallbackTime = p.callbacks.Load(), time.Duration(p.callbackTime.Load())
 	return s
 }
 

@@ -375,10 +375,21 @@ func (v *vm) call(vc *vmCall, name string, args ...uint64) (ret uint64, exported
 	// must not tear down an instance in the middle of a callback (see watchdog.go).
 	prev := v.cur
 	v.cur = vc
+	// A top-level callback is timed whole, the host calls it makes and the guest calls
+	// they make back (proxy_on_memory_allocate) included.
+	top := v.w.depth == 0
+	var start time.Time
+	if top {
+		start = time.Now()
+	}
 	v.w.begin()
 	defer func() {
 		v.w.end()
 		v.cur = prev
+		if top {
+			v.p.callbackTime.Add(int64(time.Since(start)))
+			v.p.callbacks.Add(1)
+		}
 	}()
 	v.mem.refused = false
 	// 0.1.0 header callbacks lack end_of_stream: extra arguments are dropped.

@@ -163,6 +163,9 @@ type ExternalStat struct {
 	Kind      Kind
 	Value     int64
 	Histogram HistogramValue
+	// Proxy marks a stat of the proxy's own kept outside the store (the Wasm plugins'
+	// callback counts and times): its name is used as it is, outside the custom namespace.
+	Proxy bool
 }
 
 // CustomNamespace prefixes the external stats' names (Envoy's Wasm custom stat namespace).
@@ -321,12 +324,15 @@ func (s *Store) Snapshot() []Sample {
 	s.mu.RUnlock()
 	for _, src := range externals {
 		for _, e := range src() {
-			name := CustomNamespace + e.Name
+			name := e.Name
+			if !e.Proxy {
+				name = CustomNamespace + name
+			}
 			if !s.matcher.Accepts(name) {
 				continue
 			}
 			used := e.Value != 0 || e.Histogram.Count > 0 || e.Kind == KindGauge
-			out = append(out, Sample{Name: name, Kind: e.Kind, Value: e.Value, Histogram: e.Histogram, Used: used, External: true})
+			out = append(out, Sample{Name: name, Kind: e.Kind, Value: e.Value, Histogram: e.Histogram, Used: used, External: !e.Proxy})
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool {

@@ -132,6 +132,34 @@ func (m *Manager) external() []stats.ExternalStat {
 		}
 		out = append(out, e)
 	}
+	return append(out, m.callbackStats()...)
+}
+
+// callbackStats is what the guests cost the proxy, per plugin name (summed over that
+// name's configurations, old ones included, so that both only grow):
+// wasm.<plugin>.callbacks, the calls into the guest's callbacks, and
+// wasm.<plugin>.callback_time_us, the time they took.
+func (m *Manager) callbackStats() []stats.ExternalStat {
+	type cost struct {
+		calls int64
+		time  time.Duration
+	}
+	by := map[string]cost{}
+	m.mu.Lock()
+	for _, p := range m.plugins {
+		st := p.Stats()
+		c := by[p.Name()]
+		c.calls += st.Callbacks
+		c.time += st.CallbackTime
+		by[p.Name()] = c
+	}
+	m.mu.Unlock()
+	out := make([]stats.ExternalStat, 0, 2*len(by))
+	for name, c := range by {
+		out = append(out,
+			stats.ExternalStat{Name: "wasm." + name + ".callbacks", Kind: stats.KindCounter, Value: c.calls, Proxy: true},
+			stats.ExternalStat{Name: "wasm." + name + ".callback_time_us", Kind: stats.KindCounter, Value: c.time.Microseconds(), Proxy: true})
+	}
 	return out
 }
 

@@ -1,0 +1,115 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/proxytest"
+	"github.com/wasmesh/wasmesh/wasm/host"
+)
+
+// guestFilter is a Wasm filter of BenchmarkProxyOverhead: its name and file, its
+// configuration, and its guest time per request measured in the harness, in this
+// process, beside the proxy in the same run.
+type guestFilter struct {
+	name, file, config string
+	harness            time.Duration
+}
+
+// guestTimes is the time the proxy spent in each filter's callbacks, summed over the
+// windows between begin and end (wasm.<filter>.callback_time_us).
+type guestTimes struct {
+	p       *proxytest.Proxy
+	filters []guestFilter
+	started []int64
+	total   map[string]time.Duration
+}
+
+func (g *guestTimes) begin() {
+	g.started = g.started[:0]
+	for _, f := range g.filters {
+		g.started = append(g.started, g.p.Stat("wasm."+f.name+".callback_time_us"))
+	}
+}
+
+func (g *guestTimes) end() {
+	if g.total == nil {
+		g.total = map[string]time.Duration{}
+	}
+	for i, f := range g.filters {
+		g.total[f.name] += time.Duration(g.p.Stat("wasm."+f.name+".callback_time_us")-g.started[i]) * time.Microsecond
+	}
+}
+
+// report puts each filter's guest time per request inside the proxy (over requests)
+// beside its harness figure.
+func (g *guestTimes) report(b *testing.B, requests int) {
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	for _, f := range g.filters {
+		inProxy := g.total[f.name] / time.Duration(max(requests, 1))
+		b.ReportMetric(us(inProxy), f.name+"_guest_us/req")
+		b.ReportMetric(us(f.harness), f.name+"_harness_us/req")
+		if f.harness > 0 {
+			b.ReportMetric(float64(inProxy)/float64(f.harness), f.name+"_guest_proxy/harness")
+		}
+	}
+}
+
+// harnessGuestTime runs n requests like the benchmark's (a GET, a 200 with a 2-byte body,
+// on an inbound listener of the bench node) through filter f on the host alone, one
+// instance, back to back, and returns its callback time per request: the harness figure,
+// measured as meshproxy measures it.
+func harnessGuestTime(b *testing.B, f guestFilter, n int) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	code, err := os.ReadFile(f.file)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	mod, err := rt.Compile(ctx, code)
+	if err != nil {
+		b.Fatal(err)
+	}
+	node := host.Node{ID: "sidecar~127.0.0.1~bench.default~default.svc.cluster.local", Cluster: "bench.default",
+		Metadata: map[string]any{"NAME": "bench-1", "NAMESPACE": "default", "WORKLOAD_NAME": "bench", "LABELS": map[string]any{"app": "bench"}}}
+	p, err := rt.NewPlugin(ctx, mod, host.PluginConfig{Name: f.name, RootID: f.name, VMID: f.name, Configuration: []byte(f.config)},
+		host.Environment{Properties: map[string]any{"node": node.Property()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close(ctx)
+	info := host.StreamInfo{Protocol: "HTTP/1.1", ClusterName: "up", Duration: time.Millisecond,
+		Properties: map[string]any{"listener_direction": int64(1)}} // INBOUND
+	request := func() {
+		s, err := p.NewHTTPStream(ctx, host.StreamOptions{Info: info})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.OnRequestHeaders(ctx, host.NewHeaders([2]string{":method", "GET"}, [2]string{":path", "/"},
+			[2]string{":authority", "127.0.0.1"}, [2]string{"user-agent", "Go-http-client/1.1"},
+			[2]string{"accept-encoding", "gzip"}), true)
+		s.OnResponseHeaders(ctx, host.NewHeaders([2]string{":status", "200"}, [2]string{"content-length", "2"},
+			[2]string{"content-type", "text/plain; charset=utf-8"}), false)
+		s.OnResponseBody(ctx, []byte("ok"), true)
+		s.Finish(ctx)
+	}
+	for range 200 { // warm-up, as the proxy's
+		request()
+	}
+	before := p.Stats()
+	for range n {
+		request()
+	}
+	after := p.Stats()
+	if len(after.Failures) > 0 {
+		b.Fatalf("%s failed in the harness: %v", f.name, after.Failures)
+	}
+	return (after.CallbackTime - before.CallbackTime) / time.Duration(n)
+}
