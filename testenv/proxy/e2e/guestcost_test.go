@@ -19,7 +19,7 @@ type guestFilter struct {
 }
 
 // guestTimes is the time the proxy spent in each filter's callbacks, summed over the
-// windows between begin and end (wasm.<filter>.callback_time_us).
+// windows between begin and end (wasm.<filter>.callback_time).
 type guestTimes struct {
 	p       *proxytest.Proxy
 	filters []guestFilter
@@ -30,7 +30,7 @@ type guestTimes struct {
 func (g *guestTimes) begin() {
 	g.started = g.started[:0]
 	for _, f := range g.filters {
-		g.started = append(g.started, g.p.Stat("wasm."+f.name+".callback_time_us"))
+		g.started = append(g.started, g.p.Stat("wasm."+f.name+".callback_time"))
 	}
 }
 
@@ -39,7 +39,7 @@ func (g *guestTimes) end() {
 		g.total = map[string]time.Duration{}
 	}
 	for i, f := range g.filters {
-		g.total[f.name] += time.Duration(g.p.Stat("wasm."+f.name+".callback_time_us")-g.started[i]) * time.Microsecond
+		g.total[f.name] += time.Duration(g.p.Stat("wasm."+f.name+".callback_time")-g.started[i]) * time.Microsecond
 	}
 }
 

@@ -138,7 +138,7 @@ func (m *Manager) external() []stats.ExternalStat {
 // callbackStats is what the guests cost the proxy, per plugin name (summed over that
 // name's configurations, old ones included, so that both only grow):
 // wasm.<plugin>.callbacks, the calls into the guest's callbacks, and
-// wasm.<plugin>.callback_time_us, the time they took.
+// wasm.<plugin>.callback_time, the time they took in microseconds.
 func (m *Manager) callbackStats() []stats.ExternalStat {
 	type cost struct {
 		calls int64
@@ -158,7 +158,7 @@ func (m *Manager) callbackStats() []stats.ExternalStat {
 	for name, c := range by {
 		out = append(out,
 			stats.ExternalStat{Name: "wasm." + name + ".callbacks", Kind: stats.KindCounter, Value: c.calls, Proxy: true},
-			stats.ExternalStat{Name: "wasm." + name + ".callback_time_us", Kind: stats.KindCounter, Value: c.time.Microseconds(), Proxy: true})
+			stats.ExternalStat{Name: "wasm." + name + ".callback_time", Kind: stats.KindCounter, Value: c.time.Microseconds(), Proxy: true})
 	}
 	return out
 }
