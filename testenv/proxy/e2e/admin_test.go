@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -26,12 +27,13 @@ import (
 	"github.com/wasmesh/wasmesh/testenv/proxy/proxytest"
 )
 
-func twoListenerBootstrap(up *upstream) string {
-	l := func(name, dir string) string {
-		return `
+// toUpListener is a listener that routes everything to the cluster "up"; extra goes
+// before its filter chains (listener filters).
+func toUpListener(name, dir, extra string) string {
+	return `
   - name: ` + name + `
     address: {socket_address: {address: 127.0.0.1, port_value: 0}}
-    traffic_direction: ` + dir + `
+    traffic_direction: ` + dir + extra + `
     filter_chains:` + fmt.Sprintf(hcmHeader, name) + `
           route_config:
             virtual_hosts:
@@ -39,7 +41,10 @@ func twoListenerBootstrap(up *upstream) string {
               domains: ["*"]
               routes: [{match: {prefix: /}, route: {cluster: up}}]
 ` + routerFilter
-	}
+}
+
+func twoListenerBootstrap(up *upstream) string {
+	l := func(name, dir string) string { return toUpListener(name, dir, "") }
 	return `
 admin: {address: {socket_address: {address: 127.0.0.1, port_value: 0}}}
 stats_config:
@@ -223,6 +228,41 @@ func TestDrainListenersInboundGraceful(t *testing.T) {
 		return false
 	})
 	assert.Equal(t, 200, do(t, client(t), "GET", "http://"+out+"/", "", nil).code)
+}
+
+// A client whose connection the proxy accepted before it was told to stop is served, even
+// when its request comes after the listener closed: here the connection is still in the
+// TLS inspector, waiting for its first bytes, when SIGTERM comes.
+func TestShutdownServesConnectionsStillInTheListenerFilters(t *testing.T) {
+	up := newUpstream(t, "up", false, func(w http.ResponseWriter, _ *http.Request) { _, _ = fmt.Fprint(w, "served") })
+	listener := toUpListener("inbound", "INBOUND", `
+    listener_filters:
+    - name: envoy.filters.listener.tls_inspector
+      typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector}`)
+	p := proxytest.Start(t, proxytest.Options{Bootstrap: bootstrap(staticCluster("up", "", addr(up)), listener)})
+	in := p.ListenerAddr("inbound")
+	conn, err := net.DialTimeout("tcp", in, time.Second)
+	require.NoError(t, err)
+	defer conn.Close()
+	p.Signal(syscall.SIGTERM)
+	require.Eventually(t, func() bool {
+		c, err := net.DialTimeout("tcp", in, time.Second)
+		if err != nil {
+			return true
+		}
+		c.Close()
+		return false
+	}, time.Second, time.Millisecond, "the listener closing")
+
+	_, err = fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: in\r\n\r\n")
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "the accepted connection gets an answer, not a close")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "200 served", fmt.Sprintf("%d %s", resp.StatusCode, b))
+	assert.True(t, p.Wait(10*time.Second), "the proxy exits")
 }
 
 // A request in flight on an inbound listener when the proxy is told to stop may still need

@@ -53,6 +53,7 @@ type Manager struct {
 	lst      listenerStats
 	server   *http.Server
 	lis      *connListener
+	fresh    freshConns
 	serverID string
 
 	idleTimeout time.Duration
@@ -223,6 +224,7 @@ func (m *Manager) Start(ctx context.Context) {
 		ConnContext: func(c context.Context, conn net.Conn) context.Context {
 			return context.WithValue(c, connKey{}, conn)
 		},
+		ConnState: m.fresh.connState,
 	}
 	go func() { _ = m.server.Serve(m.lis) }()
 	go func() {
@@ -241,17 +243,22 @@ func (m *Manager) ServeConn(conn net.Conn) {
 		m.st.cxActive.Dec()
 		m.st.cxDestroy.Inc()
 	}}
+	// Fresh from now: the server marks a connection new only after taking it.
+	m.fresh.connState(tc, http.StateNew)
 	if !m.lis.push(tc) {
+		m.fresh.served(tc)
 		_ = tc.Close()
 	}
 }
 
-// Shutdown closes idle connections and sends GOAWAY / closes HTTP/1.1 connections after
-// their current response, waiting until ctx ends for the rest (the end of a drain).
+// Shutdown serves the first request of the connections accepted so far (see freshConns),
+// then closes idle connections and sends GOAWAY / closes HTTP/1.1 connections after their
+// current response, waiting until ctx ends for the rest (the end of a drain).
 func (m *Manager) Shutdown(ctx context.Context) error {
 	if m.server == nil {
 		return nil
 	}
+	m.fresh.wait(ctx)
 	return m.server.Shutdown(ctx)
 }
 
@@ -309,6 +316,9 @@ func (l *connListener) Addr() net.Addr { return &net.TCPAddr{} }
 // ServeHTTP runs one stream.
 func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+		m.fresh.served(c)
+	}
 	h2 := r.ProtoMajor == 2
 	info := &streaminfo.Info{StartTime: start, DownstreamPeer: r.RemoteAddr, Listener: m.ctx.Listener.Name,
 		Direction: m.ctx.Listener.Direction, Protocol: "HTTP/1.1"}

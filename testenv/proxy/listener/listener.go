@@ -104,7 +104,11 @@ type Listener struct {
 	cancel       context.CancelFunc
 	tls          tlsState
 	log          *slog.Logger
-	st           struct {
+	// handoffs are the connections accepted but still in the listener filters or the TLS
+	// handshake, not yet handed to a chain: a shutdown waits for them before it stops the
+	// chains, so that a client whose connect succeeded is served, not closed on.
+	handoffs sync.WaitGroup
+	st       struct {
 		cxTotal, cxDestroy, overflow, noChain, preCxTimeout *stats.Counter
 		cxActive                                            *stats.Gauge
 	}
@@ -429,7 +433,11 @@ func (l *Listener) serve(m *Manager, conn net.Conn) {
 		m.release()
 	}}
 	if l.needsInspection() {
-		go l.inspectAndServe(m, tc)
+		l.handoffs.Add(1)
+		go func() {
+			defer l.handoffs.Done()
+			l.inspectAndServe(m, tc)
+		}()
 		return
 	}
 	c := l.pickChain(facts(conn))
@@ -472,6 +480,14 @@ func (l *Listener) shutdown(ctx context.Context) {
 		c.drain.Start()
 	}
 	l.stopAccepting()
+	// Nothing is accepted any more: what was accepted reaches its chain (or ctx ends)
+	// before the chains stop taking connections.
+	handedOff := make(chan struct{})
+	go func() { l.handoffs.Wait(); close(handedOff) }()
+	select {
+	case <-handedOff:
+	case <-ctx.Done():
+	}
 	var wg sync.WaitGroup
 	for _, c := range chains {
 		wg.Add(1)
