@@ -4,20 +4,30 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// freshConns are the accepted connections whose first request has not reached the handler
-// yet. net/http's Server.Shutdown drops a request that it reads after the shutdown began
-// (conn.serve checks for it after reading, and closes the connection), so a client whose
-// connection the proxy accepted before it was told to stop would read a close instead of
-// its answer. Envoy serves such a request, and the drain closes the connection after it.
-// Shutdown therefore waits for these connections to reach the handler, or to close,
-// before it shuts the server down.
-type freshConns struct {
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+// freshConns counts the accepted connections whose first request has not reached the
+// handler yet. net/http's Server.Shutdown drops a request that it reads after the shutdown
+// began (conn.serve checks for it after reading, and closes the connection), so a client
+// whose connection the proxy accepted before it was told to stop would read a close
+// instead of its answer. Envoy serves such a request, and the drain closes the connection
+// after it. Shutdown therefore waits for these connections to reach the handler, or to
+// close, before it shuts the server down.
+type freshConns struct{ n atomic.Int64 }
+
+// add counts c from its hand-over to the server (which marks it new only once it takes it).
+func (f *freshConns) add(c *trackedConn) {
+	c.fresh.Store(true)
+	f.n.Add(1)
+}
+
+// done stops counting c (it may be done several times: first request, idle, close).
+func (f *freshConns) done(c *trackedConn) {
+	if c.fresh.Swap(false) {
+		f.n.Add(-1)
+	}
 }
 
 // connState is the server's ConnState hook. A connection stops being fresh once idle (an
@@ -25,35 +35,19 @@ type freshConns struct {
 // when active: an HTTP/1.1 connection is active once its request's first bytes are read,
 // before the check that would drop it.
 func (f *freshConns) connState(c net.Conn, st http.ConnState) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	switch st {
-	case http.StateNew:
-		if f.conns == nil {
-			f.conns = map[net.Conn]struct{}{}
-		}
-		f.conns[c] = struct{}{}
-	case http.StateIdle, http.StateClosed, http.StateHijacked:
-		delete(f.conns, c)
+	tc, ok := c.(*trackedConn)
+	if !ok {
+		return
 	}
-}
-
-// served marks c's request as handled.
-func (f *freshConns) served(c net.Conn) {
-	f.mu.Lock()
-	delete(f.conns, c)
-	f.mu.Unlock()
-}
-
-func (f *freshConns) count() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.conns)
+	switch st {
+	case http.StateIdle, http.StateClosed, http.StateHijacked:
+		f.done(tc)
+	}
 }
 
 // wait returns once no connection is fresh, or when ctx ends.
 func (f *freshConns) wait(ctx context.Context) {
-	for f.count() > 0 {
+	for f.n.Load() > 0 {
 		select {
 		case <-ctx.Done():
 			return

@@ -243,10 +243,9 @@ func (m *Manager) ServeConn(conn net.Conn) {
 		m.st.cxActive.Dec()
 		m.st.cxDestroy.Inc()
 	}}
-	// Fresh from now: the server marks a connection new only after taking it.
-	m.fresh.connState(tc, http.StateNew)
+	m.fresh.add(tc)
 	if !m.lis.push(tc) {
-		m.fresh.served(tc)
+		m.fresh.done(tc)
 		_ = tc.Close()
 	}
 }
@@ -268,6 +267,7 @@ type connKey struct{}
 type trackedConn struct {
 	net.Conn
 	worker  int
+	fresh   atomic.Bool // see freshConns
 	once    sync.Once
 	onClose func()
 }
@@ -316,8 +316,10 @@ func (l *connListener) Addr() net.Addr { return &net.TCPAddr{} }
 // ServeHTTP runs one stream.
 func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
-		m.fresh.served(c)
+	worker := 0
+	if tc, ok := r.Context().Value(connKey{}).(*trackedConn); ok {
+		m.fresh.done(tc)
+		worker = tc.worker
 	}
 	h2 := r.ProtoMajor == 2
 	info := &streaminfo.Info{StartTime: start, DownstreamPeer: r.RemoteAddr, Listener: m.ctx.Listener.Name,
@@ -337,10 +339,6 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.st.rqHTTP1.Inc()
 	}
 	m.prepareRequest(r, info)
-	worker := 0
-	if tc, ok := r.Context().Value(connKey{}).(*trackedConn); ok {
-		worker = tc.worker
-	}
 	s := &Stream{ctx: r.Context(), Request: r, Info: info, HTTP2: h2, Listener: m.ctx.Listener, Worker: worker,
 		Log: m.ctx.Log, routes: m.routes, FilterState: map[string]any{}, StreamIdleTimeout: m.streamIdle,
 		StatPrefix: "http." + m.proto.GetStatPrefix() + "."}
