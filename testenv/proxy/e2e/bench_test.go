@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,15 +12,25 @@ import (
 	"time"
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/proxytest"
+	"github.com/wasmesh/wasmesh/wasm/host"
 )
 
+// benchNode is the node of the benchmarks' proxies, and of the filters run in the harness
+// beside them.
+var benchNode = host.Node{ID: "sidecar~127.0.0.1~bench.default~default.svc.cluster.local", Cluster: "bench.default",
+	Metadata: map[string]any{"NAME": "bench-1", "NAMESPACE": "default", "WORKLOAD_NAME": "bench", "LABELS": map[string]any{"app": "bench"}}}
+
 func benchBootstrap(up string, filters string) string {
+	meta, err := json.Marshal(benchNode.Metadata) // JSON is YAML's flow style
+	if err != nil {
+		panic(err)
+	}
 	return `
 admin: {address: {socket_address: {address: 127.0.0.1, port_value: 0}}}
 node:
-  id: sidecar~127.0.0.1~bench.default~default.svc.cluster.local
-  cluster: bench.default
-  metadata: {NAME: bench-1, NAMESPACE: default, WORKLOAD_NAME: bench, LABELS: {app: bench}}
+  id: ` + benchNode.ID + `
+  cluster: ` + benchNode.Cluster + `
+  metadata: ` + string(meta) + `
 ` + statsTagsYAML() + `
 static_resources:
   clusters:` + staticCluster("up", "", up) + `

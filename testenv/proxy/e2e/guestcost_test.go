@@ -77,10 +77,8 @@ func harnessGuestTime(b *testing.B, f guestFilter, n int) time.Duration {
 	if err != nil {
 		b.Fatal(err)
 	}
-	node := host.Node{ID: "sidecar~127.0.0.1~bench.default~default.svc.cluster.local", Cluster: "bench.default",
-		Metadata: map[string]any{"NAME": "bench-1", "NAMESPACE": "default", "WORKLOAD_NAME": "bench", "LABELS": map[string]any{"app": "bench"}}}
 	p, err := rt.NewPlugin(ctx, mod, host.PluginConfig{Name: f.name, RootID: f.name, VMID: f.name, Configuration: []byte(f.config)},
-		host.Environment{Properties: map[string]any{"node": node.Property()}})
+		host.Environment{Properties: map[string]any{"node": benchNode.Property()}})
 	if err != nil {
 		b.Fatal(err)
 	}
