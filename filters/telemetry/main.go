@@ -203,14 +203,22 @@ func (p *pluginContext) stringProperty(path []string) string {
 	return p.str(b)
 }
 
-// readHeader reads a request or response header.
-func readHeader(response bool, name string) (string, bool) {
-	get := proxywasm.GetHttpRequestHeader
-	if response {
-		get = proxywasm.GetHttpResponseHeader
-	}
-	v, err := get(name)
-	return v, err == nil
+// headerMap is the SDK's calls on one direction's headers.
+type headerMap struct {
+	get     func(name string) (string, error)
+	replace func(name, value string) error
+	remove  func(name string) error
+}
+
+var (
+	requestHeaders  = headerMap{proxywasm.GetHttpRequestHeader, proxywasm.ReplaceHttpRequestHeader, proxywasm.RemoveHttpRequestHeader}
+	responseHeaders = headerMap{proxywasm.GetHttpResponseHeader, proxywasm.ReplaceHttpResponseHeader, proxywasm.RemoveHttpResponseHeader}
+)
+
+// read reads a header, "" when absent.
+func (m headerMap) read(name string) string {
+	v, _ := m.get(name)
+	return v
 }
 
 // str returns b as a string, the same one every time while the table has room.
@@ -329,25 +337,29 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 		h.start = time.Now()
 	}
 	if u := &p.plan.UsedLabels; u[statsplan.LabelDestinationService] || u[statsplan.LabelDestinationServiceName] || u[statsplan.LabelDestinationServiceNamespace] {
-		h.authority, _ = readHeader(false, ":authority")
+		h.authority = requestHeaders.read(":authority")
 	}
-	ct, _ := readHeader(false, "content-type")
-	h.grpc = isGRPC(ct)
-	h.capture(p.plan.RequestHeaderSlots, proxywasm.GetHttpRequestHeader)
-
-	if h.outbound {
-		// Replacing also discards whatever the application put in these headers.
-		logIfErr(proxywasm.ReplaceHttpRequestHeader(headerPeerMetadata, p.localHeader))
-		logIfErr(proxywasm.ReplaceHttpRequestHeader(headerPeerID, p.localID))
-		return types.ActionContinue
-	}
-	// Server side: take the client's identity and keep it from the application.
-	if b, ok := readHeader(false, headerPeerMetadata); ok {
-		h.setPeer(b)
-		logIfErr(proxywasm.RemoveHttpRequestHeader(headerPeerMetadata))
-	}
-	logIfErr(proxywasm.RemoveHttpRequestHeader(headerPeerID))
+	h.grpc = isGRPC(requestHeaders.read("content-type"))
+	h.capture(p.plan.RequestHeaderSlots, requestHeaders.get)
+	h.exchangePeer(requestHeaders, h.outbound)
 	return types.ActionContinue
+}
+
+// exchangePeer is the peer-metadata exchange on one direction's headers: the side that
+// sends them (the client on the request, the server on the response) puts this proxy's
+// identity in, replacing whatever the application put there; the other takes the peer's
+// identity out and keeps it from the application.
+func (h *httpContext) exchangePeer(m headerMap, sending bool) {
+	if sending {
+		logIfErr(m.replace(headerPeerMetadata, h.p.localHeader))
+		logIfErr(m.replace(headerPeerID, h.p.localID))
+		return
+	}
+	if b, err := m.get(headerPeerMetadata); err == nil {
+		h.setPeer(b)
+		logIfErr(m.remove(headerPeerMetadata))
+	}
+	logIfErr(m.remove(headerPeerID))
 }
 
 func (h *httpContext) OnHttpRequestBody(size int, _ bool) types.Action {
@@ -357,23 +369,12 @@ func (h *httpContext) OnHttpRequestBody(size int, _ bool) types.Action {
 
 func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	p := h.p
-	h.status, _ = readHeader(true, ":status")
+	h.status = responseHeaders.read(":status")
 	if h.grpc {
-		h.grpcStatus, _ = readHeader(true, "grpc-status")
+		h.grpcStatus = responseHeaders.read("grpc-status")
 	}
-	h.capture(p.plan.ResponseHeaderSlots, proxywasm.GetHttpResponseHeader)
-
-	if !h.outbound {
-		logIfErr(proxywasm.ReplaceHttpResponseHeader(headerPeerMetadata, p.localHeader))
-		logIfErr(proxywasm.ReplaceHttpResponseHeader(headerPeerID, p.localID))
-		return types.ActionContinue
-	}
-	// Client side: take the server's identity and keep it from the application.
-	if b, ok := readHeader(true, headerPeerMetadata); ok {
-		h.setPeer(b)
-		logIfErr(proxywasm.RemoveHttpResponseHeader(headerPeerMetadata))
-	}
-	logIfErr(proxywasm.RemoveHttpResponseHeader(headerPeerID))
+	h.capture(p.plan.ResponseHeaderSlots, responseHeaders.get)
+	h.exchangePeer(responseHeaders, !h.outbound)
 	return types.ActionContinue
 }
 
