@@ -10,17 +10,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasmesh/wasmesh/wasm/host"
+	"github.com/wasmesh/wasmesh/wasm/hostbench"
 )
 
-// Exchange is a headers-only request and its response, for benchmarks.
-type Exchange struct {
-	Request, Response [][2]string
-	Info              host.StreamInfo
-}
+// Exchange is a request and its response, for benchmarks.
+type Exchange = hostbench.Exchange
 
 // Bench is one instance of a filter on its own runtime, ready to take exchanges.
 type Bench struct {
 	tb testing.TB
+	f  *hostbench.Filter
 	// Plugin is the running filter, for checks after the run.
 	Plugin *host.Plugin
 	x      Exchange
@@ -41,15 +40,11 @@ func NewBench(tb testing.TB, dir string, cfg host.PluginConfig, props map[string
 // its function listener).
 func newBench(ctx context.Context, tb testing.TB, dir string, cfg host.PluginConfig, props map[string]any, x Exchange) *Bench {
 	tb.Helper()
-	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{Logger: discard()})
+	f, err := hostbench.Load(ctx, Bytes(tb, dir), host.RuntimeConfig{Logger: discard()}, cfg,
+		host.Environment{Logger: discard(), Properties: props})
 	require.NoError(tb, err)
-	tb.Cleanup(func() { _ = rt.Close(context.Background()) })
-	mod, err := rt.Compile(ctx, Bytes(tb, dir))
-	require.NoError(tb, err)
-	p, err := rt.NewPlugin(ctx, mod, cfg, host.Environment{Logger: discard(), Properties: props})
-	require.NoError(tb, err)
-	tb.Cleanup(func() { _ = p.Close(context.Background()) })
-	return &Bench{tb: tb, Plugin: p, x: x}
+	tb.Cleanup(func() { _ = f.Close(context.Background()) })
+	return &Bench{tb: tb, f: f, Plugin: f.Plugin, x: x}
 }
 
 // The exchanges a Counter sees before counting and counts. The counts include the calls of
@@ -57,18 +52,13 @@ func newBench(ctx context.Context, tb testing.TB, dir string, cfg host.PluginCon
 // it in.
 const countWarmUp, countRequests = 50, 2000
 
-// Do sends one headers-only exchange through the filter and returns the response headers
-// as the filter left them.
+// Do sends the bench's exchange through the filter and returns the response headers as
+// the filter left them.
 func (w *Bench) Do() *host.Headers {
-	ctx := context.Background()
-	s, err := w.Plugin.NewHTTPStream(ctx, host.StreamOptions{Info: w.x.Info})
+	resp, err := w.f.Do(context.Background(), w.x)
 	if err != nil {
 		w.tb.Fatal(err)
 	}
-	s.OnRequestHeaders(ctx, host.NewHeaders(w.x.Request...), true)
-	resp := host.NewHeaders(w.x.Response...)
-	s.OnResponseHeaders(ctx, resp, true)
-	s.Finish(ctx)
 	return resp
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/proxytest"
 	"github.com/wasmesh/wasmesh/wasm/host"
+	"github.com/wasmesh/wasmesh/wasm/hostbench"
 )
 
 // guestFilter is a Wasm filter of BenchmarkProxyOverhead: its name and file, its
@@ -68,44 +69,34 @@ func harnessGuestTime(b *testing.B, f guestFilter, n int) time.Duration {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rt, err := host.NewRuntime(ctx, host.RuntimeConfig{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer rt.Close(ctx)
-	mod, err := rt.Compile(ctx, code)
-	if err != nil {
-		b.Fatal(err)
-	}
-	p, err := rt.NewPlugin(ctx, mod, host.PluginConfig{Name: f.name, RootID: f.name, VMID: f.name, Configuration: []byte(f.config)},
+	filter, err := hostbench.Load(ctx, code, host.RuntimeConfig{},
+		host.PluginConfig{Name: f.name, RootID: f.name, VMID: f.name, Configuration: []byte(f.config)},
 		host.Environment{Properties: map[string]any{"node": benchNode.Property()}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer p.Close(ctx)
-	info := host.StreamInfo{Protocol: "HTTP/1.1", ClusterName: "up", Duration: time.Millisecond,
-		Properties: map[string]any{"listener_direction": int64(1)}} // INBOUND
+	defer filter.Close(ctx)
+	x := hostbench.Exchange{
+		Request: [][2]string{{":method", "GET"}, {":path", "/"}, {":authority", "127.0.0.1"},
+			{"user-agent", "Go-http-client/1.1"}, {"accept-encoding", "gzip"}},
+		Response:     [][2]string{{":status", "200"}, {"content-length", "2"}, {"content-type", "text/plain; charset=utf-8"}},
+		ResponseBody: []byte("ok"),
+		Info: host.StreamInfo{Protocol: "HTTP/1.1", ClusterName: "up", Duration: time.Millisecond,
+			Properties: map[string]any{"listener_direction": int64(1)}}, // INBOUND
+	}
 	request := func() {
-		s, err := p.NewHTTPStream(ctx, host.StreamOptions{Info: info})
-		if err != nil {
+		if _, err := filter.Do(ctx, x); err != nil {
 			b.Fatal(err)
 		}
-		s.OnRequestHeaders(ctx, host.NewHeaders([2]string{":method", "GET"}, [2]string{":path", "/"},
-			[2]string{":authority", "127.0.0.1"}, [2]string{"user-agent", "Go-http-client/1.1"},
-			[2]string{"accept-encoding", "gzip"}), true)
-		s.OnResponseHeaders(ctx, host.NewHeaders([2]string{":status", "200"}, [2]string{"content-length", "2"},
-			[2]string{"content-type", "text/plain; charset=utf-8"}), false)
-		s.OnResponseBody(ctx, []byte("ok"), true)
-		s.Finish(ctx)
 	}
 	for range 200 { // warm-up, as the proxy's
 		request()
 	}
-	before := p.Stats()
+	before := filter.Plugin.Stats()
 	for range n {
 		request()
 	}
-	after := p.Stats()
+	after := filter.Plugin.Stats()
 	if len(after.Failures) > 0 {
 		b.Fatalf("%s failed in the harness: %v", f.name, after.Failures)
 	}
