@@ -2,8 +2,6 @@ package adsc_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,12 +12,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/wasmesh/wasmesh/controlplane/adsc"
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
-	"github.com/wasmesh/wasmesh/controlplane/push"
+	"github.com/wasmesh/wasmesh/controlplane/discovery/discoverytest"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 )
 
@@ -65,26 +62,10 @@ func newMesh(t *testing.T) *mesh {
 	m.writeFile("backend.yaml", backendYAML)
 	opts := discovery.Options{ConfigDir: m.dir, GRPCAddr: "127.0.0.1:0", Server: server.Defaults(),
 		ShutdownGrace: time.Second, WasmCacheDir: t.TempDir()}
-	opts.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
+	opts.Debounce = discoverytest.Debounce
 	opts.Server.ReconnectWindow = 0
-	var logOut io.Writer = io.Discard
-	if os.Getenv("WASMESH_TEST_LOG") != "" {
-		logOut = os.Stderr
-	}
-	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	cc, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		cc.Close()
-		cancel()
-		require.NoError(t, <-done)
-	})
-	require.Eventually(t, d.Server.Ready, 10*time.Second, time.Millisecond)
-	m.d, m.cc = d, cc
+	srv := discoverytest.Run(t, opts, discoverytest.Log())
+	m.d, m.cc = srv.Discovery, srv.Dial()
 	return m
 }
 

@@ -262,12 +262,11 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 		ShutdownGrace: time.Second, GRPCOptions: []grpc.ServerOption{grpc.StatsHandler(bytes)}}
 	// The clients connect 50 at a time (xdsload's dialers), well within admission's
 	// capacity gate; no rate cap (the default).
-	ctx, d, stop := runDiscovery(b, opts)
-	defer stop()
+	d := runDiscovery(b, opts)
 	memBefore, rssBefore := memory(), processRSS(b, os.Getpid())
 	stopProfile := profileServer(b, "connect")
 	connectBefore := sample(bytes)
-	loader, err := StartLoader(ctx, bin, d.GRPCAddr(), sc.Proxies, delta, namespaces)
+	loader, err := StartLoader(b.Context(), bin, d.GRPCAddr(), sc.Proxies, delta, namespaces)
 	require.NoError(b, err)
 	defer loader.Stop()
 	connected := sample(bytes)
@@ -326,7 +325,7 @@ func benchWasmesh(b *testing.B, bin string, sc Scale, delta, scoped bool) {
 		})
 	})
 	if scoped {
-		r := &scopedRun{d: d, dir: dir, loader: loader, bytes: bytes, op: op, memPerProxy: memPerProxy, debounce: debounce,
+		r := &scopedRun{d: d.Discovery, dir: dir, loader: loader, bytes: bytes, op: op, memPerProxy: memPerProxy, debounce: debounce,
 			next: next, seq: seq, report: report}
 		r.changes(b)
 	}

@@ -1,12 +1,10 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/discovery/discoverytest"
 	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 )
@@ -88,10 +87,9 @@ func benchStorm(b *testing.B, bin string, sc Scale, delta bool, set func(*server
 		_, err := fmt.Sscan(v, &opts.Server.ConnectInFlight)
 		require.NoError(b, err)
 	}
-	ctx, d, stop := runDiscovery(b, opts)
-	defer stop()
+	d := runDiscovery(b, opts)
 	for i := 0; i < b.N; i++ {
-		loader, err := StartStorm(ctx, bin, d.GRPCAddr(), sc.Proxies, delta)
+		loader, err := StartStorm(b.Context(), bin, d.GRPCAddr(), sc.Proxies, delta)
 		require.NoError(b, err)
 		s := loader.Synced
 		loader.Stop()
@@ -103,16 +101,9 @@ func benchStorm(b *testing.B, bin string, sc Scale, delta bool, set func(*server
 	}
 }
 
-// runDiscovery runs discovery with opts until stop and waits until it is ready. Warnings
-// show (a send timeout, a NACK): a run that cut proxies measured something else.
-func runDiscovery(b *testing.B, opts discovery.Options) (ctx context.Context, d *discovery.Discovery, stop func()) {
-	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	require.NoError(b, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	for !d.Server.Ready() {
-		runtime.Gosched()
-	}
-	return ctx, d, func() { cancel(); <-done }
+// runDiscovery runs discovery with opts until the benchmark ends and waits until it is
+// ready. Warnings show (a send timeout, a NACK): a run that cut proxies measured something
+// else.
+func runDiscovery(b *testing.B, opts discovery.Options) *discoverytest.Server {
+	return discoverytest.Run(b, opts, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 }

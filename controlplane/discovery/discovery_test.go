@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,8 +26,8 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/adsc"
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/discovery/discoverytest"
 	"github.com/wasmesh/wasmesh/controlplane/model"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/registry"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/source"
@@ -71,29 +70,13 @@ func start(t testing.TB, files map[string]string, tune func(*discovery.Options))
 		ConfigDir: dir, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Server: server.Defaults(), WorkloadGracePeriod: time.Hour, ShutdownGrace: time.Second,
 	}
-	opts.Debounce = push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true}
+	opts.Debounce = discoverytest.Debounce
 	if tune != nil {
 		tune(&opts)
 	}
-	var logOut io.Writer = io.Discard
-	if os.Getenv("WASMESH_TEST_LOG") != "" {
-		logOut = os.Stderr // to debug a test: the server's own account
-	}
-	d, err := discovery.New(opts, slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	cc, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		cc.Close()
-		cancel()
-		require.NoError(t, <-done)
-	})
-	require.Eventually(t, d.Server.Ready, 10*time.Second, time.Millisecond)
+	srv := discoverytest.Run(t, opts, discoverytest.Log())
 	tt, _ := t.(*testing.T)
-	return &env{t: tt, dir: dir, d: d, cc: cc}
+	return &env{t: tt, dir: dir, d: srv.Discovery, cc: srv.Dial()}
 }
 
 func (e *env) write(name, data string) {

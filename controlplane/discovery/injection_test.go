@@ -21,9 +21,9 @@ import (
 
 	"github.com/wasmesh/wasmesh/controlplane/deploy"
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/discovery/discoverytest"
 	"github.com/wasmesh/wasmesh/controlplane/inject"
 	"github.com/wasmesh/wasmesh/controlplane/kubecluster"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/webhook"
 )
@@ -57,21 +57,16 @@ func TestInjectionOnKubernetes(t *testing.T) {
 	meshFile := filepath.Join(dir, "mesh")
 	require.NoError(t, os.WriteFile(meshFile, []byte("defaultConfig: {discoveryAddress: 'discovery.test:15010'}\n"), 0o644))
 
-	d, err := discovery.New(discovery.Options{
+	d := discoverytest.Run(t, discovery.Options{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Server: server.Defaults(), ShutdownGrace: time.Second, MeshConfigFile: meshFile,
-		Debounce: push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true},
+		Debounce: discoverytest.Debounce,
 		Kube:     c.Config, Namespace: "istio-system",
 		Webhook: discovery.WebhookOptions{Addr: "127.0.0.1:0", Hosts: []string{"127.0.0.1"}, Injection: true,
 			InjectConfigDir: injectDir, InjectorConfigName: webhook.DefaultMutatingConfig, NativeSidecars: inject.NativeFalse},
 	}, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 
 	mwc := mutatingConfig(t, "https://"+d.WebhookAddr()+inject.Path)
-	_, err = c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mwc, metav1.CreateOptions{})
+	_, err := c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mwc, metav1.CreateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		got, err := c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, mwc.Name, metav1.GetOptions{})

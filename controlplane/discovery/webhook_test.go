@@ -3,10 +3,7 @@ package discovery_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -23,47 +20,28 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/wasmesh/wasmesh/controlplane/discovery"
+	"github.com/wasmesh/wasmesh/controlplane/discovery/discoverytest"
 	"github.com/wasmesh/wasmesh/controlplane/kubecluster"
 	"github.com/wasmesh/wasmesh/controlplane/leader"
-	"github.com/wasmesh/wasmesh/controlplane/push"
 	"github.com/wasmesh/wasmesh/controlplane/server"
 	"github.com/wasmesh/wasmesh/controlplane/webhook"
 	"github.com/wasmesh/wasmesh/controlplane/webhook/webhooktest"
 )
 
-// replica is one discovery on the cluster, stopped by stop (or when the test ends).
+// replica is one discovery on the cluster, running until it is stopped or the test ends.
 type replica struct {
-	d    *discovery.Discovery
-	stop func()
+	d *discoverytest.Server
 }
 
 func startReplica(t *testing.T, c *kubecluster.Cluster, id string) *replica {
 	t.Helper()
-	var logOut io.Writer = io.Discard
-	if os.Getenv("WASMESH_TEST_LOG") != "" {
-		logOut = os.Stderr
-	}
-	d, err := discovery.New(discovery.Options{
+	return &replica{d: discoverytest.Run(t, discovery.Options{
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Server: server.Defaults(), ShutdownGrace: time.Second,
-		Debounce: push.DebounceOptions{After: 10 * time.Millisecond, Max: time.Second, EnableEDS: true},
+		Debounce: discoverytest.Debounce,
 		Kube:     c.Config, KubeStatus: true, Namespace: webhooktest.Namespace, Identity: id, LeaderElection: true, LeaseDuration: 10 * time.Second,
 		Webhook: discovery.WebhookOptions{Addr: "127.0.0.1:0", Hosts: []string{"127.0.0.1"}, ConfigName: webhook.DefaultValidatingConfig},
 		CA:      discovery.CAOptions{SecureGRPCAddr: "127.0.0.1:0"},
-	}, slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", id))
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	stopped := false
-	r := &replica{d: d, stop: func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			require.NoError(t, <-done)
-		}
-	}}
-	t.Cleanup(r.stop)
-	return r
+	}, discoverytest.Log().With("replica", id))}
 }
 
 func (r *replica) leader(t *testing.T) leader.Status {
@@ -190,7 +168,7 @@ func checkHandover(t *testing.T, c *kubecluster.Cluster, vs dynamic.ResourceInte
 	webhooktest.ServesCertTrustedBy(t, b.d.WebhookAddr(), webhooktest.CABundle(t, c))
 	webhooktest.OneCASecret(t, c)
 
-	a.stop()
+	a.d.Stop()
 	require.Eventually(t, func() bool { return b.leader(t).Leading }, time.Minute, 20*time.Millisecond, "b leads once a stops")
 	assert.Equal(t, "discovery-b", webhooktest.LeaseHolder(t, c, leader.DefaultLeaseName))
 	webhooktest.OverwriteCABundle(t, c, "the new leader restores the caBundle")

@@ -365,7 +365,7 @@ func checkXDSAuthKube(t *testing.T, c *kubecluster.Cluster, r *replica) {
 	}
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(webhooktest.CASecret(t, c)))
-	e := &secureEnv{env: &env{d: r.d}, roots: roots}
+	e := &secureEnv{env: &env{d: r.d.Discovery}, roots: roots}
 	cc := e.dial(t, nil)
 	tok := catest.Token(t, c.Client, "demo", "reviews", ca.CredentialAudience)
 	n := func(ip string) *core.Node {
