@@ -14,7 +14,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
-	_ "github.com/wasmesh/wasmesh/filters/internal/guestgc" // the collector's target in wasip1 builds
+	"github.com/wasmesh/wasmesh/filters/internal/guestgc"
 )
 
 // init registers the VM context: a reactor's host runs _initialize (package
@@ -86,3 +86,6 @@ func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	}
 	return types.ActionContinue
 }
+
+// OnHttpStreamDone lets the collector keep the heap small (guestgc).
+func (h *httpContext) OnHttpStreamDone() { guestgc.StreamDone() }

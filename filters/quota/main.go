@@ -195,7 +195,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
-	_ "github.com/wasmesh/wasmesh/filters/internal/guestgc" // the collector's target in wasip1 builds
+	"github.com/wasmesh/wasmesh/filters/internal/guestgc"
 	"github.com/wasmesh/wasmesh/filters/internal/intern"
 	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
 )
@@ -400,11 +400,13 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	return types.ActionContinue
 }
 
-// OnHttpStreamDone cancels a call the stream no longer waits for.
+// OnHttpStreamDone cancels a call the stream no longer waits for, and lets the collector
+// keep the heap small (guestgc).
 func (h *httpContext) OnHttpStreamDone() {
 	if h.global != nil && h.global.waiting {
 		h.cancel()
 	}
+	guestgc.StreamDone()
 }
 
 func (p *pluginContext) count(d *descriptor, b *bucket, dec ratelimit.Decision) {

@@ -51,7 +51,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
-	_ "github.com/wasmesh/wasmesh/filters/internal/guestgc" // the collector's target in wasip1 builds
+	"github.com/wasmesh/wasmesh/filters/internal/guestgc"
 	"github.com/wasmesh/wasmesh/filters/internal/intern"
 	"github.com/wasmesh/wasmesh/filters/telemetry/expr"
 	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
@@ -392,7 +392,12 @@ func (h *httpContext) OnHttpResponseTrailers(int) types.Action {
 	return types.ActionContinue
 }
 
-func (h *httpContext) OnHttpStreamDone() { h.p.report(h) }
+// OnHttpStreamDone reports the request, then lets the collector keep the heap small
+// (guestgc).
+func (h *httpContext) OnHttpStreamDone() {
+	h.p.report(h)
+	guestgc.StreamDone()
+}
 
 func logIfErr(err error) {
 	if err != nil {

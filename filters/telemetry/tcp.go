@@ -6,6 +6,7 @@ import (
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/wasmesh/wasmesh/filters/internal/guestgc"
 	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
 )
 
@@ -73,6 +74,7 @@ func (c *tcpContext) OnStreamDone() {
 	c.closed = true
 	c.p.reportTCP(c)
 	delete(c.p.conns, c)
+	guestgc.StreamDone()
 }
 
 // labels works out the connection's label values, the first time; it reads the

@@ -2,10 +2,8 @@
 
 package guestgc
 
-import "runtime/debug"
-
 // Percent is the collector's target: a collection starts when the heap has grown by this
 // share of the live data.
-const Percent = 25
+const Percent = 15
 
-func init() { debug.SetGCPercent(Percent) }
+func init() { SetPercent(Percent) }
