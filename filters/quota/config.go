@@ -265,7 +265,7 @@ func fieldError(path, format string, args ...any) error {
 }
 
 func (c *config) validate() (*settings, error) {
-	s := &settings{name: c.Name, headers: true, casRetries: defaultCASRetries}
+	s := &settings{name: c.Name, casRetries: defaultCASRetries}
 	if c.Name != "" && !validName(c.Name) {
 		return nil, fieldError("name", "%q must be letters, digits, '_', '-' or '.'", c.Name)
 	}

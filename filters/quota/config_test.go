@@ -75,7 +75,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	]}`))
 	require.NoError(t, err)
 	assert.Equal(t, "", s.name, "scope from plugin_name at start")
-	assert.True(t, s.headers)
+	assert.False(t, s.headers, "none on allowed responses, as Envoy's enable_x_ratelimit_headers")
 	assert.Equal(t, defaultCASRetries, s.casRetries)
 	assert.Equal(t, 200*time.Millisecond, s.tickPeriod, "the shortest period: b's 200ms slot")
 	assert.Equal(t, uint32(1), s.descriptors[0].policy.TokensPerFill, "Envoy's default")

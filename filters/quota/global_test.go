@@ -138,7 +138,7 @@ func (e *globalEnv) counter(t *testing.T, name string) uint64 {
 	return n
 }
 
-const globalFront = `{"rate_limit_service": {"cluster": "outbound|8081||ratelimit.wasmesh-system.svc.cluster.local",
+const globalFront = `{"rate_limit_headers": true, "rate_limit_service": {"cluster": "outbound|8081||ratelimit.wasmesh-system.svc.cluster.local",
 	"authority": "ratelimit.wasmesh-system.svc.cluster.local", "domain": "mesh"},
 	"descriptors": [
 		{"name": "front", "mode": "global", "entries": [{"key": "generic_key", "source": "generic_key", "value": "front"}]},
@@ -320,7 +320,7 @@ func TestGlobalStreamGoneCancelsTheCall(t *testing.T) {
 }
 
 func TestGlobalBothLocalBucketAnswersFirst(t *testing.T) {
-	e := startGlobal(t, `{"rate_limit_service": {"cluster": "rls", "domain": "mesh", "timeout": "50ms"},
+	e := startGlobal(t, `{"rate_limit_headers": true, "rate_limit_service": {"cluster": "rls", "domain": "mesh", "timeout": "50ms"},
 		"descriptors": [{"name": "per_user", "mode": "both", "entries": [{"key": "user", "source": "header", "header": "x-user"}],
 		 "token_bucket": {"max_tokens": 2, "tokens_per_fill": 2, "fill_interval": "1m"}}]}`)
 	for i := range 2 {

@@ -50,7 +50,8 @@
 //     names share buckets.
 //   - shadow: the default for every descriptor: count and add headers, never reject.
 //   - rate_limit_headers: x-ratelimit-limit, -remaining and -reset on allowed responses
-//     (default true). 429s and shadow denials always carry them.
+//     (default false, as Envoy's enable_x_ratelimit_headers). 429s and shadow denials
+//     always carry them.
 //   - cas_retries: compare-and-swap retries before failing open (default 5, 0..100).
 //   - tick_period: how often OnTick writes refills to shared data; default the shortest
 //     fill interval, window or slot, within 100ms..1m. Decisions never wait for it.

@@ -7,6 +7,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -126,7 +127,9 @@ type req struct {
 
 func TestAllowDenySequences(t *testing.T) {
 	for name, tc := range map[string]struct {
-		cfg  string
+		cfg string
+		// asIs runs cfg as it is; otherwise with rate_limit_headers on, unless cfg sets it.
+		asIs bool
 		reqs []req
 	}{
 		"one bucket for everything": {
@@ -209,6 +212,11 @@ func TestAllowDenySequences(t *testing.T) {
 				{path: "/", headers: []string{"x-user", "alice"}, status: 429, remaining: "0"},
 			},
 		},
+		"no headers on allowed responses by default": {
+			cfg:  `{"descriptors": [{"name": "d", "token_bucket": {"max_tokens": 1, "fill_interval": "1s"}}]}`,
+			asIs: true,
+			reqs: []req{{path: "/", status: 200}, {path: "/", status: 429, remaining: "0"}},
+		},
 		"headers on allowed responses can be turned off": {
 			cfg:  `{"rate_limit_headers": false, "descriptors": [{"name": "d", "token_bucket": {"max_tokens": 1, "fill_interval": "1s"}}]}`,
 			reqs: []req{{path: "/", status: 200}, {path: "/", status: 429, remaining: "0"}},
@@ -222,7 +230,11 @@ func TestAllowDenySequences(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			e := start(t, tc.cfg)
+			cfg := tc.cfg
+			if !tc.asIs {
+				cfg = headersOn(cfg)
+			}
+			e := start(t, cfg)
 			for i, r := range tc.reqs {
 				e.clock.advance(r.wait)
 				got := e.do(t, r.path, r.headers...)
@@ -239,8 +251,8 @@ func TestAllowDenySequences(t *testing.T) {
 }
 
 func TestTooManyRequestsResponse(t *testing.T) {
-	e := start(t, `{"descriptors": [{"name": "per_user", "entries": [{"key": "u", "source": "header", "header": "x-user"}],
-		"token_bucket": {"max_tokens": 2, "tokens_per_fill": 1, "fill_interval": "10s"}}]}`)
+	e := start(t, headersOn(`{"descriptors": [{"name": "per_user", "entries": [{"key": "u", "source": "header", "header": "x-user"}],
+		"token_bucket": {"max_tokens": 2, "tokens_per_fill": 1, "fill_interval": "10s"}}]}`))
 	require.Equal(t, 200, int(e.do(t, "/", "x-user", "alice").status))
 	e.clock.advance(2500 * time.Millisecond)
 	ok := e.do(t, "/", "x-user", "alice")
@@ -279,17 +291,17 @@ func TestAnEnforcedDenialStopsLaterDescriptors(t *testing.T) {
 // The rate-limit headers are those of the descriptor closest to its limit, the first of
 // those equally close; starting the filter logs no warning.
 func TestHeadersComeFromTheClosestDescriptor(t *testing.T) {
-	e := start(t, `{"descriptors": [
+	e := start(t, headersOn(`{"descriptors": [
 		{"name": "slow", "token_bucket": {"max_tokens": 5, "fill_interval": "10s"}},
 		{"name": "slower", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}},
-		{"name": "small", "token_bucket": {"max_tokens": 3, "fill_interval": "30s"}}]}`)
+		{"name": "small", "token_bucket": {"max_tokens": 3, "fill_interval": "30s"}}]}`))
 	assert.Empty(t, e.host.GetWarnLogs())
 	assert.Equal(t, map[string]string{"x-ratelimit-limit": "3", "x-ratelimit-remaining": "2", "x-ratelimit-reset": "30"}, e.do(t, "/").headers,
 		"small is the closest")
 
-	e = start(t, `{"descriptors": [
+	e = start(t, headersOn(`{"descriptors": [
 		{"name": "slow", "token_bucket": {"max_tokens": 5, "fill_interval": "10s"}},
-		{"name": "slower", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`)
+		{"name": "slower", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`))
 	assert.Equal(t, map[string]string{"x-ratelimit-limit": "5", "x-ratelimit-remaining": "4", "x-ratelimit-reset": "10"}, e.do(t, "/").headers,
 		"equally close: the first")
 }
@@ -447,8 +459,8 @@ func TestTwoVMsShareOneBucket(t *testing.T) {
 	vm := &vmContext{now: c.now}
 	v := &twoVMs{vms: [2]*pluginContext{vm.newPlugin(), vm.newPlugin()}}
 	opt := proxytest.NewEmulatorOption().WithVMContext(v).WithProperty([]string{"plugin_name"}, []byte("q")).
-		WithPluginConfiguration([]byte(`{"descriptors": [{"name": "user", "entries": [{"key": "u", "source": "header", "header": "x-user"}],
-			"token_bucket": {"max_tokens": 3, "fill_interval": "1m"}}]}`))
+		WithPluginConfiguration([]byte(headersOn(`{"descriptors": [{"name": "user", "entries": [{"key": "u", "source": "header", "header": "x-user"}],
+			"token_bucket": {"max_tokens": 3, "fill_interval": "1m"}}]}`)))
 	host := emulator.Start(t, opt)
 	require.Equal(t, types.OnPluginStartStatusOK, host.StartPlugin())
 	require.NotSame(t, v.vms[0].limiter, v.vms[1].limiter)
@@ -493,7 +505,7 @@ func TestCASConflictsRetryThenFailOpen(t *testing.T) {
 	var store *conflicting
 	e := start(t, `{"cas_retries": 2, "descriptors": [{"name": "d", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`)
 	// start cannot pass a wrapper that needs the env; build it again with one.
-	e = newEnv(t, `{"cas_retries": 2, "descriptors": [{"name": "d", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`,
+	e = newEnv(t, `{"rate_limit_headers": true, "cas_retries": 2, "descriptors": [{"name": "d", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`,
 		func(s ratelimit.Store) ratelimit.Store {
 			store = &conflicting{Store: s, conflicts: &conflicts}
 			return store
@@ -614,4 +626,13 @@ func (m *memStore) Set(_ string, v []byte, cas uint32) error {
 	m.value = append(m.value[:0], v...)
 	m.cas++
 	return nil
+}
+
+// headersOn turns rate_limit_headers on in cfg (a JSON object), unless cfg sets it: for
+// tests that read the headers of allowed responses.
+func headersOn(cfg string) string {
+	if strings.Contains(cfg, `"rate_limit_headers"`) {
+		return cfg
+	}
+	return strings.Replace(cfg, "{", `{"rate_limit_headers": true, `, 1)
 }

@@ -101,7 +101,7 @@ func metric(t *testing.T, h *harness.Harness, name string) int64 {
 	return m.Value
 }
 
-const wasmGlobalConfig = `{"rate_limit_service": {"cluster": "` + rlsCluster + `", "domain": "mesh"},
+const wasmGlobalConfig = `{"rate_limit_headers": true, "rate_limit_service": {"cluster": "` + rlsCluster + `", "domain": "mesh"},
 	"descriptors": [
 		{"name": "front", "mode": "global", "entries": [{"key": "generic_key", "source": "generic_key", "value": "front"}]},
 		{"name": "per_user", "mode": "global", "entries": [{"key": "user", "source": "header", "header": "x-user"}],

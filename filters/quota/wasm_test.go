@@ -20,7 +20,7 @@ import (
 	"github.com/wasmesh/wasmesh/wasm/host"
 )
 
-const perUser = `{"tick_period": "1s", "descriptors": [{"name": "per_user",
+const perUser = `{"rate_limit_headers": true, "tick_period": "1s", "descriptors": [{"name": "per_user",
 	"entries": [{"key": "user", "source": "header", "header": "x-user"}],
 	"token_bucket": {"max_tokens": 3, "tokens_per_fill": 3, "fill_interval": "1m"}}]}`
 

@@ -50,6 +50,7 @@ spec:
   failStrategy: FAIL_CLOSE
   pluginConfig:
     name: frontend
+    rate_limit_headers: true # an allowed answer names the limit too
     rate_limit_service: {cluster: "` + localmesh.RateLimitCluster + `", domain: e2e, timeout: 2s,
       authority: "` + localmesh.RateLimitHost + `:8081"}
     descriptors:
