@@ -353,6 +353,9 @@ func onRequestTrailers(id, n uint32) uint32 {
 //go:wasmexport proxy_on_response_headers
 func onResponseHeaders(id, n, eos uint32) uint32 {
 	s := streams[id]
+	if s.ops["log-body"] {
+		abi.Log(2, "x-headers-callback response eos="+itoa(eos))
+	}
 	abi.AddHeader(abi.ResponseHeaders, "x-response-added", itoa(n))
 	if s.ops["resp-local"] {
 		abi.SendLocalResponse(502, "replaced by test", []byte("replaced"), nil, -1)
@@ -364,7 +367,8 @@ func onResponseHeaders(id, n, eos uint32) uint32 {
 	return 0
 }
 
-// logBody logs a body callback's arguments when the stream asked for it (op log-body).
+// logBody logs a body callback's arguments when the stream asked for it (op log-body,
+// which also logs the response headers' end_of_stream).
 func logBody(s *stream, dir string, size, eos uint32) {
 	if s.ops["log-body"] {
 		abi.Log(2, "x-body-callback "+dir+" size="+itoa(size)+" eos="+itoa(eos))
