@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -351,7 +352,9 @@ func adsFirstResponseNode(t *testing.T, ctx context.Context, addr string, roots 
 	require.NoError(t, err)
 	err = stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster",
 		Node: &corev3.Node{Id: "sidecar~" + ip + "~backend-evil.default~default.svc.cluster.local", Metadata: md}})
-	if err != nil {
+	// io.EOF: the server ended the stream first (a refusal can beat the request); its
+	// status is what Recv returns (grpc-go's ClientStream.SendMsg).
+	if err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	_, err = stream.Recv()
