@@ -4,8 +4,8 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"sync/atomic"
-	"time"
+
+	"github.com/wasmesh/wasmesh/testenv/proxy/internal/pending"
 )
 
 // freshConns counts the accepted connections whose first request has not reached the
@@ -15,18 +15,18 @@ import (
 // instead of its answer. Envoy serves such a request, and the drain closes the connection
 // after it. Shutdown therefore waits for these connections to reach the handler, or to
 // close, before it shuts the server down.
-type freshConns struct{ n atomic.Int64 }
+type freshConns struct{ n pending.Count }
 
 // add counts c from its hand-over to the server (which marks it new only once it takes it).
 func (f *freshConns) add(c *trackedConn) {
 	c.fresh.Store(true)
-	f.n.Add(1)
+	f.n.Add()
 }
 
 // done stops counting c (it may be done several times: first request, idle, close).
 func (f *freshConns) done(c *trackedConn) {
 	if c.fresh.Swap(false) {
-		f.n.Add(-1)
+		f.n.Done()
 	}
 }
 
@@ -46,12 +46,4 @@ func (f *freshConns) connState(c net.Conn, st http.ConnState) {
 }
 
 // wait returns once no connection is fresh, or when ctx ends.
-func (f *freshConns) wait(ctx context.Context) {
-	for f.n.Load() > 0 {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
+func (f *freshConns) wait(ctx context.Context) { f.n.Wait(ctx) }

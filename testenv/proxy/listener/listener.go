@@ -29,6 +29,7 @@ import (
 
 	"github.com/wasmesh/wasmesh/testenv/proxy/drain"
 	"github.com/wasmesh/wasmesh/testenv/proxy/hcm"
+	"github.com/wasmesh/wasmesh/testenv/proxy/internal/pending"
 	"github.com/wasmesh/wasmesh/testenv/proxy/rbac"
 	"github.com/wasmesh/wasmesh/testenv/proxy/sds"
 	"github.com/wasmesh/wasmesh/testenv/proxy/stats"
@@ -107,7 +108,7 @@ type Listener struct {
 	// handoffs are the connections accepted but still in the listener filters or the TLS
 	// handshake, not yet handed to a chain: a shutdown waits for them before it stops the
 	// chains, so that a client whose connect succeeded is served, not closed on.
-	handoffs sync.WaitGroup
+	handoffs pending.Count
 	st       struct {
 		cxTotal, cxDestroy, overflow, noChain, preCxTimeout *stats.Counter
 		cxActive                                            *stats.Gauge
@@ -433,7 +434,7 @@ func (l *Listener) serve(m *Manager, conn net.Conn) {
 		m.release()
 	}}
 	if l.needsInspection() {
-		l.handoffs.Add(1)
+		l.handoffs.Add()
 		go func() {
 			defer l.handoffs.Done()
 			l.inspectAndServe(m, tc)
@@ -482,12 +483,7 @@ func (l *Listener) shutdown(ctx context.Context) {
 	l.stopAccepting()
 	// Nothing is accepted any more: what was accepted reaches its chain (or ctx ends)
 	// before the chains stop taking connections.
-	handedOff := make(chan struct{})
-	go func() { l.handoffs.Wait(); close(handedOff) }()
-	select {
-	case <-handedOff:
-	case <-ctx.Done():
-	}
+	l.handoffs.Wait(ctx)
 	var wg sync.WaitGroup
 	for _, c := range chains {
 		wg.Add(1)
