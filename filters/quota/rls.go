@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/wasmesh/wasmesh/filters/internal/protowire"
 	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
+	"github.com/wasmesh/wasmesh/wasm/protowire"
 )
 
 // The messages of envoy.service.ratelimit.v3.RateLimitService in protobuf wire format,

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/wasmesh/wasmesh/filters/internal/protowire"
+	"github.com/wasmesh/wasmesh/wasm/protowire"
 )
 
 // Peer metadata exchange, Istio style. The client side puts its identity on the request in

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/wasmesh/wasmesh/filters/internal/protowire"
 	"github.com/wasmesh/wasmesh/filters/telemetry/statsplan"
+	"github.com/wasmesh/wasmesh/wasm/protowire"
 )
 
 func TestEncodePeerMetadataWireFormat(t *testing.T) {

@@ -2,9 +2,10 @@ package host
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"time"
+
+	"github.com/wasmesh/wasmesh/wasm/protowire"
 )
 
 // gRPC status codes the host itself produces.
@@ -131,47 +132,16 @@ func parseGRPCService(b []byte) (t grpcTarget, ok bool) {
 	return t, err == nil && (t.cluster != "" || t.google)
 }
 
-var errWire = errors.New("malformed protobuf")
-
 // walkProto calls fn with every length-delimited field of a protobuf message and checks
 // that the other fields are well formed (the wire format only, as a parser that keeps
 // unknown fields does).
 func walkProto(b []byte, fn func(field uint64, v []byte) error) error {
-	for len(b) > 0 {
-		tag, n := binary.Uvarint(b)
-		if n <= 0 || tag>>3 == 0 {
-			return errWire
+	return protowire.Each(b, func(f protowire.Field) error {
+		if f.Wire != protowire.Bytes {
+			return nil
 		}
-		b = b[n:]
-		switch tag & 7 {
-		case 0:
-			if _, n = binary.Uvarint(b); n <= 0 {
-				return errWire
-			}
-			b = b[n:]
-		case 1, 5:
-			size := 8
-			if tag&7 == 5 {
-				size = 4
-			}
-			if len(b) < size {
-				return errWire
-			}
-			b = b[size:]
-		case 2:
-			l, n := binary.Uvarint(b)
-			if n <= 0 || l > uint64(len(b)-n) {
-				return errWire
-			}
-			if err := fn(tag>>3, b[n:n+int(l)]); err != nil {
-				return err
-			}
-			b = b[n+int(l):]
-		default:
-			return errWire
-		}
-	}
-	return nil
+		return fn(uint64(f.Num), f.Bytes)
+	})
 }
 
 // grpcRequest reads proxy_grpc_call's arguments into a request.

@@ -1,8 +1,9 @@
-// Package protowire is the protobuf wire format the filters write and read by hand: varints,
-// tags, length-delimited fields, and a field iterator that skips what a caller does not
-// read. A filter imports only the guest SDK, and the few messages the filters exchange (a
-// google.protobuf.Struct of peer metadata, the rate-limit service's request and response)
-// do not justify a protobuf runtime in a Wasm module.
+// Package protowire is the protobuf wire format written and read by hand: varints, tags,
+// length-delimited fields, and a field iterator that skips what a caller does not read. A
+// filter imports only the guest SDK, and the few messages the filters exchange (a
+// google.protobuf.Struct of peer metadata, the rate-limit service's request and response) do
+// not justify a protobuf runtime in a Wasm module; the host reads the GrpcService a guest
+// passes to proxy_grpc_call with it too.
 package protowire
 
 import (
