@@ -1,23 +1,17 @@
 package analyze
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
-	"io"
+	"context"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	extensions "istio.io/api/extensions/v1alpha1"
 
 	"github.com/wasmesh/wasmesh/controlplane/config"
+	"github.com/wasmesh/wasmesh/controlplane/wasmfetch"
 )
-
-// maxModule bounds a module read, as discovery's fetcher does (256 MiB).
-const maxModule = 256 << 20
 
 // wasmPlugins: each WasmPlugin's module can be had (a file:// path read, an http(s) URL
 // fetched, 30 s at most, Istio's) and matches its sha256 when one is given. Discovery leaves
@@ -47,33 +41,13 @@ func moduleDigest(client *http.Client, raw string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var body io.ReadCloser
-	switch u.Scheme {
-	case "file":
-		if body, err = os.Open(u.Path); err != nil {
-			return "", err
-		}
-	case "http", "https":
-		resp, err := client.Get(raw)
-		if err != nil {
-			return "", err
-		}
-		if resp.StatusCode != http.StatusOK {
-			resp.Body.Close()
-			return "", fmt.Errorf("HTTP %s", resp.Status)
-		}
-		body = resp.Body
-	default:
+	if u.Scheme != "file" && u.Scheme != "http" && u.Scheme != "https" {
 		return "", nil
 	}
-	defer body.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, io.LimitReader(body, maxModule+1))
+	body, err := wasmfetch.Open(context.Background(), client, u)
 	if err != nil {
 		return "", err
 	}
-	if n > maxModule {
-		return "", fmt.Errorf("larger than %d bytes", maxModule)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	defer body.Close()
+	return wasmfetch.Digest(nil, body, wasmfetch.DefaultMaxSize)
 }

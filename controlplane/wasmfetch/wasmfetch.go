@@ -34,7 +34,7 @@ type Options struct {
 	Dir string
 	// Timeout bounds one download (default 30s, Istio's).
 	Timeout time.Duration
-	// MaxSize bounds a module (default 256 MiB).
+	// MaxSize bounds a module (default DefaultMaxSize).
 	MaxSize int64
 	// RetryMin and RetryMax bound the back-off between attempts at a module that failed
 	// (default 1s and 5m).
@@ -42,6 +42,9 @@ type Options struct {
 	// Client fetches modules (default a client with Timeout).
 	Client *http.Client
 }
+
+// DefaultMaxSize bounds a module when Options.MaxSize does not (256 MiB).
+const DefaultMaxSize = 256 << 20
 
 // State of a module.
 const (
@@ -101,7 +104,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer, onChange fun
 		opts.Timeout = 30 * time.Second
 	}
 	if opts.MaxSize <= 0 {
-		opts.MaxSize = 256 << 20
+		opts.MaxSize = DefaultMaxSize
 	}
 	if opts.RetryMin <= 0 {
 		opts.RetryMin = time.Second
@@ -284,52 +287,44 @@ var errMismatch = errors.New("sha256 mismatch")
 // get returns a verified local copy of the module: the cached file when it is there and
 // intact, else a fresh download.
 func (f *Fetcher) get(ctx context.Context, m *module) (string, string, error) {
+	u, err := url.Parse(m.url)
+	if err != nil {
+		return "", "download_failure", err
+	}
 	if m.local {
-		p := mustPath(m.url)
-		got, err := hashFile(p)
+		got, err := hashFile(ctx, u, f.opts.MaxSize)
 		if err != nil {
 			return "", "download_failure", err
 		}
 		if got != m.sha {
-			return "", "checksum_mismatched", fmt.Errorf("%w: %s has sha256 %s, WasmPlugin says %s", errMismatch, p, got, m.sha)
+			return "", "checksum_mismatched", fmt.Errorf("%w: %s has sha256 %s, WasmPlugin says %s", errMismatch, u.Path, got, m.sha)
 		}
-		return p, "success", nil
+		return u.Path, "success", nil
 	}
 	dst := filepath.Join(f.opts.Dir, m.sha+".wasm")
-	if got, err := hashFile(dst); err == nil && got == m.sha {
+	if got, err := hashFile(ctx, &url.URL{Scheme: "file", Path: dst}, f.opts.MaxSize); err == nil && got == m.sha {
 		return dst, "", nil // cached by an earlier run: no fetch
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.url, nil)
+	body, err := Open(ctx, f.opts.Client, u)
 	if err != nil {
 		return "", "download_failure", err
 	}
-	resp, err := f.opts.Client.Do(req)
-	if err != nil {
-		return "", "download_failure", err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return "", "download_failure", fmt.Errorf("GET %s: %s", m.url, resp.Status)
-	}
+	defer body.Close()
 	tmp, err := os.CreateTemp(f.opts.Dir, m.sha+".*.tmp")
 	if err != nil {
 		return "", "download_failure", err
 	}
 	defer os.Remove(tmp.Name())
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(resp.Body, f.opts.MaxSize+1))
+	got, err := Digest(tmp, body, f.opts.MaxSize)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return "", "download_failure", fmt.Errorf("GET %s: %w", m.url, err)
 	}
-	if n > f.opts.MaxSize {
-		return "", "download_failure", fmt.Errorf("GET %s: module larger than %d bytes", m.url, f.opts.MaxSize)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != m.sha {
+	if got != m.sha {
 		return "", "checksum_mismatched", fmt.Errorf("%w: %s has sha256 %s, WasmPlugin says %s", errMismatch, m.url, got, m.sha)
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {
@@ -338,22 +333,56 @@ func (f *Fetcher) get(ctx context.Context, m *module) (string, string, error) {
 	return dst, "success", nil
 }
 
-func mustPath(u string) string {
-	pu, _ := url.Parse(u)
-	return pu.Path
+// Open opens a module's bytes: a file:// path, or the body of an http(s) GET that answered
+// 200 OK. Other schemes (an oci:// image) are an error.
+func Open(ctx context.Context, client *http.Client, u *url.URL) (io.ReadCloser, error) {
+	switch u.Scheme {
+	case "file":
+		return os.Open(u.Path)
+	case "http", "https":
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			resp.Body.Close()
+			return nil, fmt.Errorf("GET %s: %s", u, resp.Status)
+		}
+		return resp.Body, nil
+	}
+	return nil, fmt.Errorf("module URL %s: scheme %q is not read here (file, http and https are)", u, u.Scheme)
 }
 
-func hashFile(p string) (string, error) {
-	fh, err := os.Open(p)
+// Digest copies r to its end into w (nil: nowhere) and returns its sha256 in hex; more than
+// limit bytes is an error.
+func Digest(w io.Writer, r io.Reader, limit int64) (string, error) {
+	h := sha256.New()
+	var dst io.Writer = h
+	if w != nil {
+		dst = io.MultiWriter(w, h)
+	}
+	n, err := io.Copy(dst, io.LimitReader(r, limit+1))
+	if err != nil {
+		return "", err
+	}
+	if n > limit {
+		return "", fmt.Errorf("module larger than %d bytes", limit)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// hashFile is the sha256 of a module on disk.
+func hashFile(ctx context.Context, u *url.URL, limit int64) (string, error) {
+	fh, err := Open(ctx, nil, u)
 	if err != nil {
 		return "", err
 	}
 	defer fh.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, fh); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return Digest(nil, fh, limit)
 }
 
 // Status lists the modules in use, for /debug/configz.

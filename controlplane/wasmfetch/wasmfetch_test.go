@@ -1,13 +1,16 @@
 package wasmfetch
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -214,4 +217,36 @@ func TestNothingToResolveListsTheInnerList(t *testing.T) {
 	}
 	listed := NewStore(inner, h.f).List()
 	assert.Same(t, &inner[0], &listed[0])
+}
+
+// Open reads file:// and http(s) modules and refuses the rest; Digest hashes at most its
+// limit (the cache, discovery's fetches and the analyzer all read modules through both).
+func TestOpenAndDigestAModule(t *testing.T) {
+	ms := newModuleServer(t, wasmModule)
+	path := filepath.Join(t.TempDir(), "m.wasm")
+	require.NoError(t, os.WriteFile(path, wasmModule, 0o644))
+	for _, raw := range []string{"file://" + path, ms.URL + "/m.wasm"} {
+		u, err := url.Parse(raw)
+		require.NoError(t, err)
+		body, err := Open(context.Background(), ms.Client(), u)
+		require.NoError(t, err, raw)
+		var copied bytes.Buffer
+		sum, err := Digest(&copied, body, int64(len(wasmModule)))
+		require.NoError(t, body.Close())
+		require.NoError(t, err, "exactly the limit is allowed")
+		assert.Equal(t, digest(wasmModule), sum, raw)
+		assert.Equal(t, wasmModule, copied.Bytes(), "the copy is the module")
+	}
+
+	_, err := Digest(nil, bytes.NewReader(wasmModule), int64(len(wasmModule))-1)
+	assert.EqualError(t, err, fmt.Sprintf("module larger than %d bytes", len(wasmModule)-1))
+
+	ms.fail.Store(1)
+	u, _ := url.Parse(ms.URL + "/m.wasm")
+	_, err = Open(context.Background(), ms.Client(), u)
+	assert.ErrorContains(t, err, "503 Service Unavailable")
+
+	oci, _ := url.Parse("oci://registry/filter:1")
+	_, err = Open(context.Background(), ms.Client(), oci)
+	assert.ErrorContains(t, err, `scheme "oci" is not read here`)
 }
