@@ -179,14 +179,8 @@ func (p *pluginContext) configure(data []byte) error {
 // and the strings that labels keep are interned: a service, a principal or a status code is
 // the same string from one request to the next.
 
-// property reads a property.
-func (p *pluginContext) property(path []string) ([]byte, bool) {
-	b, err := proxywasm.GetProperty(path)
-	return b, err == nil
-}
-
 func (p *pluginContext) intProperty(path []string) (int64, bool) {
-	b, ok := p.property(path)
+	b, ok := readProperty(path)
 	if !ok {
 		return 0, false
 	}
@@ -196,7 +190,7 @@ func (p *pluginContext) intProperty(path []string) (int64, bool) {
 
 // stringProperty returns a string property, "unknown" when absent or empty.
 func (p *pluginContext) stringProperty(path []string) string {
-	b, ok := p.property(path)
+	b, ok := readProperty(path)
 	if !ok || len(b) == 0 {
 		return unknown
 	}
@@ -236,6 +230,7 @@ func (p *pluginContext) flagsText(bits uint64) string {
 	return s
 }
 
+// readProperty reads a property; ok is false when the host has none.
 func readProperty(path []string) ([]byte, bool) {
 	b, err := proxywasm.GetProperty(path)
 	return b, err == nil
@@ -429,7 +424,7 @@ func (h *httpContext) Attr(slot int) (expr.Value, bool) {
 	var ok bool
 	switch a.Source {
 	case statsplan.SourceProperty:
-		if b, found := h.p.property(a.Path); found {
+		if b, found := readProperty(a.Path); found {
 			v, ok = statsplan.DecodeProperty(a.Type, b)
 		}
 		if !ok {
@@ -568,7 +563,7 @@ func (p *pluginContext) setSideLabels(vals []string, outbound bool, peer *worklo
 
 	if used[statsplan.LabelDestinationService] || used[statsplan.LabelDestinationServiceName] || used[statsplan.LabelDestinationServiceNamespace] {
 		var cluster string
-		if b, ok := p.property(pathClusterName); ok {
+		if b, ok := readProperty(pathClusterName); ok {
 			cluster = p.str(b)
 		}
 		svc, name, ns := destinationService(cluster, authority, pl.UseHostHeader)
@@ -586,7 +581,7 @@ func (p *pluginContext) setSideLabels(vals []string, outbound bool, peer *worklo
 	if used[statsplan.LabelConnectionSecurityPolicy] {
 		vals[statsplan.LabelConnectionSecurityPolicy] = unknown // Istio: the client side cannot know
 		if !outbound {
-			if b, ok := p.property(pathConnectionMTLS); ok && len(b) == 1 {
+			if b, ok := readProperty(pathConnectionMTLS); ok && len(b) == 1 {
 				vals[statsplan.LabelConnectionSecurityPolicy] = policyNone
 				if b[0] != 0 {
 					vals[statsplan.LabelConnectionSecurityPolicy] = policyMutualTLS
