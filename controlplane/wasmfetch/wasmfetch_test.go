@@ -250,3 +250,20 @@ func TestOpenAndDigestAModule(t *testing.T) {
 	_, err = Open(context.Background(), ms.Client(), oci)
 	assert.ErrorContains(t, err, `scheme "oci" is not read here`)
 }
+
+// A download cut short is a failed download, reported as such, not a module whose digest
+// differs.
+func TestCutDownloadIsAFailureNotAMismatch(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		_, _ = w.Write(wasmModule[:10])
+	}))
+	t.Cleanup(srv.Close)
+	h := start(t, t.TempDir())
+	s := NewStore(listStore{plugin("quota", srv.URL+"/m.wasm", digest(wasmModule))}, h.f)
+	s.List()
+	require.Eventually(t, func() bool { return len(h.f.Status()) == 1 && h.f.Status()[0].State == StateFailed }, 5*time.Second, time.Millisecond)
+	assert.Contains(t, h.f.Status()[0].Error, "unexpected EOF")
+	assert.GreaterOrEqual(t, testutil.ToFloat64(h.f.fetches.WithLabelValues("download_failure")), 1.0)
+	assert.Zero(t, testutil.ToFloat64(h.f.fetches.WithLabelValues("checksum_mismatched")))
+}

@@ -21,7 +21,10 @@ func TestVarintsRoundTripAsTheStandardLibraryWritesThem(t *testing.T) {
 	}
 	_, _, err := ReadVarint([]byte{0x80, 0x80})
 	assert.ErrorIs(t, err, ErrTruncated)
-	_, _, err = ReadVarint([]byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01})
+	ten := []byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80}
+	_, _, err = ReadVarint(ten)
+	assert.EqualError(t, err, "varint overflows 64 bits", "ten bytes that all go on are more than a uint64 holds")
+	_, _, err = ReadVarint(append(ten, 0x01))
 	assert.EqualError(t, err, "varint overflows 64 bits")
 }
 
