@@ -34,7 +34,13 @@ func ParseProtocol(protocol, name string) Protocol {
 	if protocol != "" {
 		return Protocol(strings.ToUpper(protocol))
 	}
-	prefix, _, _ := strings.Cut(strings.ToLower(name), "-")
+	lower := strings.ToLower(name)
+	// grpc-web is the one protocol with a hyphen in its name: matched whole, before the
+	// prefix, as Istio's kube.ConvertProtocol does.
+	if strings.HasPrefix(lower, "grpc-web") {
+		return GRPCWeb
+	}
+	prefix, _, _ := strings.Cut(lower, "-")
 	switch prefix {
 	case "http":
 		return HTTP
@@ -42,8 +48,6 @@ func ParseProtocol(protocol, name string) Protocol {
 		return HTTP2
 	case "grpc":
 		return GRPC
-	case "grpc-web":
-		return GRPCWeb
 	case "https":
 		return HTTPS
 	case "tls":

@@ -73,7 +73,8 @@ func serviceOf(svc *corev1.Service, domain string) *model.Service {
 // portProtocol is Istio's protocol selection for a Service port (kube.ConvertProtocol):
 // UDP stays UDP; appProtocol wins over the port name, including Kubernetes' own
 // "kubernetes.io/h2c", "kubernetes.io/ws" and "kubernetes.io/wss"; otherwise the name's
-// prefix before "-" ("http-web", "grpc"), with "grpc-web" matched whole. Unknown is TCP.
+// prefix before "-" ("http-web", "grpc"), with "grpc-web" matched whole (model.ParseProtocol).
+// Unknown is TCP.
 func portProtocol(p corev1.ServicePort) model.Protocol {
 	if p.Protocol == corev1.ProtocolUDP {
 		return model.UDP
@@ -89,9 +90,6 @@ func portProtocol(p corev1.ServicePort) model.Protocol {
 		case "kubernetes.io/wss":
 			return model.HTTPS
 		}
-	}
-	if strings.HasPrefix(strings.ToLower(name), "grpc-web") {
-		return model.GRPCWeb
 	}
 	return model.ParseProtocol("", name)
 }
