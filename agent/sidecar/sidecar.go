@@ -286,12 +286,6 @@ func (a *Agent) Params() *bootstrap.Params { return a.params }
 // Admin is the proxy's admin client.
 func (a *Agent) Admin() *admin.Client { return a.admin }
 
-// StatusAddress is where the status server listens.
-func (a *Agent) StatusAddress() string { return a.statusAddr }
-
-// Registry holds the agent's own metrics.
-func (a *Agent) Registry() *prometheus.Registry { return a.registry }
-
 // Run runs until ctx ends (SIGTERM) or a POST to /quitquitquit, then drains and stops
 // the proxy; it returns an error when the proxy could not be kept running.
 func (a *Agent) Run(ctx context.Context) error {

@@ -213,16 +213,3 @@ func validateEnvoyFilterMatch(f string, applyTo networking.EnvoyFilter_ApplyTo, 
 	}
 	return nil
 }
-
-func validateEnvoyFilter(m proto.Message) *FieldError {
-	ef := m.(*networking.EnvoyFilter)
-	for i, p := range ef.GetConfigPatches() {
-		if p.GetPatch() == nil || p.GetPatch().GetOperation() == networking.EnvoyFilter_Patch_INVALID {
-			return fieldErr(fmt.Sprintf("configPatches[%d].patch.operation", i), "an operation is required")
-		}
-		if p.GetApplyTo() == networking.EnvoyFilter_INVALID {
-			return fieldErr(fmt.Sprintf("configPatches[%d].applyTo", i), "applyTo is required")
-		}
-	}
-	return nil
-}

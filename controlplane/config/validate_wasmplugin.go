@@ -93,11 +93,3 @@ func validateWasmPluginSpec(m proto.Message) *FieldError {
 	}
 	return nil
 }
-
-func validateWasmPlugin(m proto.Message) *FieldError {
-	wp := m.(*extensions.WasmPlugin)
-	if wp.GetUrl() == "" {
-		return fieldErr("url", "a module URL is required")
-	}
-	return nil
-}

@@ -138,9 +138,6 @@ func (c *Cluster) start(ctx context.Context) error {
 	return nil
 }
 
-// Dir is the cluster's directory (certificates, kubeconfig, etcd data, logs).
-func (c *Cluster) Dir() string { return c.opts.Dir }
-
 // Server is the API server's URL.
 func (c *Cluster) Server() string { return "https://127.0.0.1:" + strconv.Itoa(c.apiPort) }
 
@@ -200,9 +197,6 @@ func (c *Cluster) StartControllerManager() error {
 		"--bind-address", "127.0.0.1", "--secure-port", "0",
 		"--controllers", "*")
 }
-
-// StopControllerManager stops kube-controller-manager.
-func (c *Cluster) StopControllerManager() { c.stop("kube-controller-manager") }
 
 func (c *Cluster) startScheduler() error {
 	return c.run("kube-scheduler", "kube-scheduler",

@@ -9,8 +9,6 @@ import (
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	networking "istio.io/api/networking/v1alpha3"
@@ -212,20 +210,6 @@ func subsetEndpoints(eps []*model.Endpoint, sub *networking.Subset) []*model.End
 		}
 	}
 	return out
-}
-
-func http2Options() map[string]*anypb.Any {
-	opts := &httpopts.HttpProtocolOptions{
-		UpstreamProtocolOptions: &httpopts.HttpProtocolOptions_ExplicitHttpConfig_{
-			ExplicitHttpConfig: &httpopts.HttpProtocolOptions_ExplicitHttpConfig{
-				ProtocolConfig: &httpopts.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-					Http2ProtocolOptions: &core.Http2ProtocolOptions{},
-				},
-			},
-		},
-	}
-	a, _ := anypb.New(opts)
-	return map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": a}
 }
 
 // inboundCluster sends to the application: 127.0.0.1:<port> under iptables capture, the

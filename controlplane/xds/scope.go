@@ -332,17 +332,3 @@ func (s *Scope) Reaches(snap *Snapshot, host string) bool {
 
 // DestinationRule returns the rule that applies to host for this scope's proxies, or nil.
 func (s *Scope) DestinationRule(host string) *destRule { return s.drs[host] }
-
-// egressFor returns the egress listener that owns a port: the port-specific one, else the
-// catch-all.
-func (s *Scope) egressFor(port uint32) *egressListener {
-	var all *egressListener
-	for _, e := range s.Egress {
-		if e.Port == nil {
-			all = e
-		} else if e.Port.GetNumber() == port {
-			return e
-		}
-	}
-	return all
-}

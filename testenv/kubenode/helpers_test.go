@@ -112,13 +112,6 @@ func (e *env) createPod(pod *corev1.Pod) *corev1.Pod {
 	return created
 }
 
-func (e *env) pod(name string) *corev1.Pod {
-	e.t.Helper()
-	p, err := e.kc.CoreV1().Pods(e.ns).Get(e.ctx, name, metav1.GetOptions{})
-	require.NoError(e.t, err)
-	return p
-}
-
 // waitPod waits until the pod satisfies cond (which says what it lacks).
 func (e *env) waitPod(name string, timeout time.Duration, what string, cond func(*corev1.Pod) error) *corev1.Pod {
 	e.t.Helper()

@@ -66,14 +66,6 @@ func (r *Result) Quantile(q float64) time.Duration {
 	return s[i]
 }
 
-// Throughput is answered requests per second.
-func (r *Result) Throughput() float64 {
-	if r.Elapsed <= 0 {
-		return 0
-	}
-	return float64(r.Succeeded+r.Failed) / r.Elapsed.Seconds()
-}
-
 // Fraction is the share of answered requests in class c.
 func (r *Result) Fraction(class string) float64 {
 	n := 0

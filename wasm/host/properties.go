@@ -1,7 +1,6 @@
 package host
 
 import (
-	"encoding/binary"
 	"math"
 	"net"
 	"sort"
@@ -544,12 +543,4 @@ func (vc *vmCall) streamCore() *streamCore {
 		return gc.core()
 	}
 	return nil
-}
-
-// DecodeInt64 reads an 8-byte little-endian property value (as the SDKs do).
-func DecodeInt64(b []byte) (int64, bool) {
-	if len(b) != 8 {
-		return 0, false
-	}
-	return int64(binary.LittleEndian.Uint64(b)), true
 }

@@ -38,9 +38,3 @@ func (c *overCache) add(key string, until, now time.Time) {
 	}
 	c.sweepAt = max(1024, 2*len(c.until))
 }
-
-func (c *overCache) len() int {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return len(c.until)
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -301,6 +300,3 @@ func (l *logs) dump() string {
 	}
 	return b.String()
 }
-
-// sortedKeys lists a map's keys in order, for messages.
-func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

@@ -171,9 +171,6 @@ func (p *Proxy) Wait(d time.Duration) bool {
 	}
 }
 
-// Exited is closed when the process exits.
-func (p *Proxy) Exited() <-chan struct{} { return p.done }
-
 // Stdout is what the process printed (access logs).
 func (p *Proxy) Stdout() string { return p.stdout.String() }
 
