@@ -71,12 +71,11 @@ type Cluster struct {
 	// ServiceAccountKey is the key the API server signs service-account tokens with (PEM).
 	ServiceAccountKey string
 
-	pki       *pki
-	etcdURL   string
-	apiPort   int
-	mu        sync.Mutex
-	procs     map[string]*process
-	logPrefix string
+	pki     *pki
+	etcdURL string
+	apiPort int
+	mu      sync.Mutex
+	procs   map[string]*process
 }
 
 // Start starts etcd and the API server (and what opts asks for) and waits until the API

@@ -265,7 +265,7 @@ func (f *Fetcher) fetch(ctx context.Context, m *module) []config.Key {
 		backoff := f.opts.RetryMin << min(m.attempts-1, 20)
 		m.next = time.Now().Add(min(backoff, f.opts.RetryMax))
 		f.log.Warn("wasm module not available: WasmPlugins using it are not applied", "url", m.url, "sha256", m.sha,
-			"error", err, "attempt", m.attempts, "retryIn", m.next.Sub(time.Now()).Round(time.Millisecond))
+			"error", err, "attempt", m.attempts, "retryIn", time.Until(m.next).Round(time.Millisecond))
 	}
 	if !m.local && result != "" {
 		f.fetches.WithLabelValues(result).Inc()

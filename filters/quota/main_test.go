@@ -503,9 +503,8 @@ func (c *conflicting) Set(key string, value []byte, cas uint32) error {
 func TestCASConflictsRetryThenFailOpen(t *testing.T) {
 	conflicts := 0
 	var store *conflicting
-	e := start(t, `{"cas_retries": 2, "descriptors": [{"name": "d", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`)
-	// start cannot pass a wrapper that needs the env; build it again with one.
-	e = newEnv(t, `{"rate_limit_headers": true, "cas_retries": 2, "descriptors": [{"name": "d", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`,
+	// start cannot pass a store wrapper: newEnv with one.
+	e := newEnv(t, `{"rate_limit_headers": true, "cas_retries": 2, "descriptors": [{"name": "d", "token_bucket": {"max_tokens": 5, "fill_interval": "1m"}}]}`,
 		func(s ratelimit.Store) ratelimit.Store {
 			store = &conflicting{Store: s, conflicts: &conflicts}
 			return store

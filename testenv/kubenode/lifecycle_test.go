@@ -243,7 +243,7 @@ func testProbes(e *env) {
 	e.waitPod("probed", time.Minute, "Ready again", ready)
 
 	require.NoError(t, os.Remove(filepath.Join(dir, "alive")))
-	p = e.waitPod("probed", time.Minute, "restarted by its liveness probe, and Ready", func(p *corev1.Pod) error {
+	e.waitPod("probed", time.Minute, "restarted by its liveness probe, and Ready", func(p *corev1.Pod) error {
 		if n := containerStatus(p, "main").RestartCount; n != 1 {
 			return fmt.Errorf("restarts %d", n)
 		}

@@ -114,7 +114,6 @@ func (g *guest) Finish(context.Context) {
 
 // Results a script uses.
 var (
-	cont     = host.Result{}
 	stopHdr  = host.Result{Status: host.HeadersStopIteration}
 	stopAll  = host.Result{Status: host.HeadersStopAllIterationAndBuffer}
 	stopAllW = host.Result{Status: host.HeadersStopAllIterationAndWatermark}

@@ -102,7 +102,6 @@ func (n *node) child(e Entry) *descriptor {
 type descriptor struct {
 	limit *Limit
 	node
-	detailed bool
 }
 
 // Limit is the limit of one configured descriptor.

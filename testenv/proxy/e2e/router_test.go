@@ -366,12 +366,9 @@ func TestMirroring(t *testing.T) {
 }
 
 func TestHashPolicies(t *testing.T) {
-	var ups []*upstream
 	var addrs []string
 	for i := 0; i < 4; i++ {
-		u := newUpstream(t, fmt.Sprintf("h%d", i), false, nil)
-		ups = append(ups, u)
-		addrs = append(addrs, addr(u))
+		addrs = append(addrs, addr(newUpstream(t, fmt.Sprintf("h%d", i), false, nil)))
 	}
 	cookie := `{cluster: ring, hash_policy: [{cookie: {name: session, ttl: 3600s, path: /}}]}`
 	routes := routeYAML("/header", `{cluster: ring, hash_policy: [{header: {header_name: x-user}}]}`) +

@@ -141,20 +141,21 @@ func (f *filter) settingsFor(s *hcm.Stream) *settings {
 		return f.cfg.settings
 	}
 	v := rt.Memo(perRouteKey{f.cfg.name}, func() any {
-		for _, a := range rt.PerFilterConfigs(f.cfg.name, s.RouteCluster()) {
-			p := &faultv3.HTTPFault{}
-			if err := a.UnmarshalTo(p); err != nil {
-				s.Log.Warn("fault: typed_per_filter_config is not an HTTPFault", "route", rt.Name, "err", err)
-				return (*settings)(nil)
-			}
-			st, err := compile(p)
-			if err != nil {
-				s.Log.Warn("fault: invalid typed_per_filter_config", "route", rt.Name, "err", err)
-				return (*settings)(nil)
-			}
-			return st
+		a := rt.PerFilterConfig(f.cfg.name, s.RouteCluster())
+		if a == nil {
+			return (*settings)(nil)
 		}
-		return (*settings)(nil)
+		p := &faultv3.HTTPFault{}
+		if err := a.UnmarshalTo(p); err != nil {
+			s.Log.Warn("fault: typed_per_filter_config is not an HTTPFault", "route", rt.Name, "err", err)
+			return (*settings)(nil)
+		}
+		st, err := compile(p)
+		if err != nil {
+			s.Log.Warn("fault: invalid typed_per_filter_config", "route", rt.Name, "err", err)
+			return (*settings)(nil)
+		}
+		return st
 	}).(*settings)
 	if v != nil {
 		return v

@@ -324,21 +324,13 @@ func (r *Route) PickCluster(req *http.Request) (*WeightedCluster, bool) {
 	return &r.Clusters[len(r.Clusters)-1], true
 }
 
-// PerFilterConfig returns the most specific typed_per_filter_config for a filter name:
-// weighted cluster, route, virtual host, then route configuration.
+// PerFilterConfig returns the most specific of PerFilterConfigs, the one that applies to a
+// filter that does not merge levels; nil when there is none.
 func (r *Route) PerFilterConfig(name string, wc *WeightedCluster) *anypb.Any {
-	if wc != nil && wc.Proto != nil {
-		if a := wc.Proto.GetTypedPerFilterConfig()[name]; a != nil {
-			return a
-		}
+	if all := r.PerFilterConfigs(name, wc); len(all) > 0 {
+		return all[0]
 	}
-	if a := r.Proto.GetTypedPerFilterConfig()[name]; a != nil {
-		return a
-	}
-	if a := r.VHost.Proto.GetTypedPerFilterConfig()[name]; a != nil {
-		return a
-	}
-	return r.VHost.config.Proto.GetTypedPerFilterConfig()[name]
+	return nil
 }
 
 // PerFilterConfigs returns every typed_per_filter_config for a filter name, most specific

@@ -118,17 +118,16 @@ func (f *filter) DecodeHeaders(s *hcm.Stream) hcm.Status {
 
 // routePolicy is what the router compiles from a route once (kept in the route's memo).
 type routePolicy struct {
-	err            error
-	retry          *retryPolicy
-	hash           *hashPolicy
-	mirrors        []mirrorPolicy
-	priority       int
-	attemptInReq   bool
-	attemptInResp  bool
-	bufferLimit    int
-	idle           time.Duration
-	idleSet        bool
-	originalDstHdr bool
+	err           error
+	retry         *retryPolicy
+	hash          *hashPolicy
+	mirrors       []mirrorPolicy
+	priority      int
+	attemptInReq  bool
+	attemptInResp bool
+	bufferLimit   int
+	idle          time.Duration
+	idleSet       bool
 }
 
 type policyKey struct{}

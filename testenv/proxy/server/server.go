@@ -107,7 +107,6 @@ type Server struct {
 	quitOnce  sync.Once
 	ctx       context.Context
 	cancel    context.CancelFunc
-	hooks     []func(*Server) error
 	hotParent HotRestartParent
 }
 

@@ -173,9 +173,7 @@ func (t *TagExtractor) Extract(name string) (string, []Tag) {
 		tags = append(tags, Tag{Name: r.name, Value: value})
 		removed = append(removed, span{m[2], m[3]})
 	}
-	for _, f := range t.fixed {
-		tags = append(tags, f)
-	}
+	tags = append(tags, t.fixed...)
 	if len(removed) == 0 {
 		return name, tags
 	}
