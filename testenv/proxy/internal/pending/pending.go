@@ -38,7 +38,7 @@ func (c *Count) Done() {
 }
 
 // Wait returns true once nothing is in progress, or false when ctx ends first. Work added
-// while it waits is waited for too.
+// while it waits, before the count reaches zero, is waited for too.
 func (c *Count) Wait(ctx context.Context) bool {
 	c.mu.Lock()
 	if c.n == 0 {
