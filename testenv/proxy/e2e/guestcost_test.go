@@ -13,10 +13,11 @@ import (
 
 // guestFilter is a Wasm filter of BenchmarkProxyOverhead: its name and file, its
 // configuration, and its guest time per request measured in the harness, in this
-// process, beside the proxy in the same run.
+// process, beside the proxy in the same run: back to back (harness), and one request per
+// period of the proxy's fixed rate (paced).
 type guestFilter struct {
 	name, file, config string
-	harness            time.Duration
+	harness, paced     time.Duration
 }
 
 // guestTimes is the time the proxy spent in each filter's callbacks, summed over the
@@ -45,24 +46,31 @@ func (g *guestTimes) end() {
 }
 
 // report puts each filter's guest time per request inside the proxy (over requests)
-// beside its harness figure.
+// beside its harness figures. The paced one is the proxy's conditions without the proxy:
+// at a fixed rate the thread waits between requests, and code that runs after a wait starts
+// with cold caches and runs slower (native Go code as much as a guest's), which requests
+// back to back never see. So proxy/paced_harness is what the proxy adds to a guest's time,
+// and proxy/harness that and the wait's cost together.
 func (g *guestTimes) report(b *testing.B, requests int) {
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 	for _, f := range g.filters {
 		inProxy := g.total[f.name] / time.Duration(max(requests, 1))
 		b.ReportMetric(us(inProxy), f.name+"_guest_us/req")
 		b.ReportMetric(us(f.harness), f.name+"_harness_us/req")
-		if f.harness > 0 {
+		b.ReportMetric(us(f.paced), f.name+"_harness_paced_us/req")
+		if f.harness > 0 && f.paced > 0 {
 			b.ReportMetric(float64(inProxy)/float64(f.harness), f.name+"_guest_proxy/harness")
+			b.ReportMetric(float64(inProxy)/float64(f.paced), f.name+"_guest_proxy/paced_harness")
 		}
 	}
 }
 
 // harnessGuestTime runs n requests like the benchmark's (a GET, a 200 with a 2-byte body,
 // on an inbound listener of the bench node) through filter f on the host alone, one
-// instance, back to back, and returns its callback time per request: the harness figure,
-// measured as meshproxy measures it.
-func harnessGuestTime(b *testing.B, f guestFilter, n int) time.Duration {
+// instance, and returns its callback time per request: the harness figure, measured as
+// meshproxy measures it. The requests go back to back when every is 0, else one starts
+// each every.
+func harnessGuestTime(b *testing.B, f guestFilter, n int, every time.Duration) time.Duration {
 	b.Helper()
 	ctx := context.Background()
 	code, err := os.ReadFile(f.file)
@@ -93,8 +101,17 @@ func harnessGuestTime(b *testing.B, f guestFilter, n int) time.Duration {
 		request()
 	}
 	before := filter.Plugin.Stats()
-	for range n {
-		request()
+	if every > 0 {
+		tick := time.NewTicker(every)
+		for range n {
+			<-tick.C
+			request()
+		}
+		tick.Stop()
+	} else {
+		for range n {
+			request()
+		}
 	}
 	after := filter.Plugin.Stats()
 	if len(after.Failures) > 0 {
