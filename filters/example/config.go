@@ -2,11 +2,11 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
+
+	"github.com/wasmesh/wasmesh/filters/internal/jsonconf"
 )
 
 // defaultCounter is the metric name used when the configuration names none.
@@ -38,19 +38,6 @@ type header struct {
 	Value string `json:"value"`
 }
 
-// UnmarshalJSON decodes strictly and prefixes errors with the field's path:
-// encoding/json neither applies DisallowUnknownFields inside an Unmarshaler nor says
-// where a nested unknown field was.
-func (h *header) UnmarshalJSON(b []byte) error {
-	type fields header // without the method, so Decode does not recurse
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode((*fields)(h)); err != nil {
-		return fmt.Errorf("response_header: %w", err)
-	}
-	return nil
-}
-
 // parseConfig decodes and validates the plugin configuration. An empty configuration is
 // the defaults.
 func parseConfig(data []byte) (config, error) {
@@ -58,13 +45,8 @@ func parseConfig(data []byte) (config, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return cfg, nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cfg); err != nil {
+	if err := jsonconf.Unmarshal(data, &cfg); err != nil {
 		return config{}, fmt.Errorf("plugin configuration: %w", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return config{}, errors.New("plugin configuration: unexpected data after the JSON object")
 	}
 	if cfg.Counter == "" {
 		return config{}, errors.New(`plugin configuration: "counter" must not be empty`)

@@ -17,14 +17,15 @@ func TestParseConfigDefaults(t *testing.T) {
 
 func TestParseConfigErrorsNameTheField(t *testing.T) {
 	for name, tc := range map[string]struct{ in, want string }{
-		"unknown field":        {`{"deny_path_prefx": "/a"}`, `unknown field "deny_path_prefx"`},
-		"unknown nested field": {`{"response_header": {"nmae": "x"}}`, `response_header: json: unknown field "nmae"`},
-		"wrong type":           {`{"counter": 3}`, `config.counter`},
-		"wrong nested type":    {`{"response_header": {"name": 1}}`, `response_header: json: cannot unmarshal number`},
+		"unknown field":        {`{"deny_path_prefx": "/a"}`, `plugin configuration: deny_path_prefx: unknown field`},
+		"unknown nested field": {`{"response_header": {"nmae": "x"}}`, `plugin configuration: response_header.nmae: unknown field`},
+		"field in capitals":    {`{"Counter": "c"}`, `plugin configuration: Counter: unknown field`},
+		"wrong type":           {`{"counter": 3}`, `plugin configuration: counter: want a string, not a number`},
+		"wrong nested type":    {`{"response_header": {"name": 1}}`, `plugin configuration: response_header.name: want a string, not a number`},
 		"empty counter":        {`{"counter": ""}`, `"counter" must not be empty`},
 		"header without name":  {`{"response_header": {"value": "v"}}`, `"response_header.name" must not be empty`},
 		"upper-case header":    {`{"response_header": {"name": "X-A", "value": "v"}}`, `"response_header.name" "X-A"`},
-		"trailing data":        {`{} {}`, `unexpected data after the JSON object`},
+		"trailing data":        {`{} {}`, `unexpected data after the JSON value`},
 		"not JSON":             {`deny everything`, `invalid character`},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -2,17 +2,15 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/wasmesh/wasmesh/filters/internal/jsonconf"
 	"github.com/wasmesh/wasmesh/filters/internal/ratelimit"
 )
 
@@ -48,7 +46,7 @@ type entryConfig struct {
 	Default  *string  `json:"default"`
 }
 
-// Numbers are int64 and durations strings so that validation, not encoding/json, reports
+// Numbers are int64 and durations strings so that validation, not the JSON decoder, reports
 // a negative count or a bad duration, with the field's full path.
 type tokenBucketConfig struct {
 	MaxTokens     *int64 `json:"max_tokens"`
@@ -176,21 +174,8 @@ func parseConfig(data []byte) (*settings, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, errors.New(`plugin configuration: empty; at least one entry in "descriptors" is required`)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	var raw json.RawMessage
-	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("plugin configuration: %w", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("plugin configuration: unexpected data after the JSON object")
-	}
-	// encoding/json reports an unknown field without saying where it is, and matches
-	// field names case-insensitively; check names exactly first, with their paths.
-	if err := checkFields(raw, reflect.TypeFor[config](), ""); err != nil {
-		return nil, fmt.Errorf("plugin configuration: %w", err)
-	}
 	var c config
-	if err := json.Unmarshal(raw, &c); err != nil {
+	if err := jsonconf.Unmarshal(data, &c); err != nil {
 		return nil, fmt.Errorf("plugin configuration: %w", err)
 	}
 	s, err := c.validate()
@@ -198,58 +183,6 @@ func parseConfig(data []byte) (*settings, error) {
 		return nil, fmt.Errorf("plugin configuration: %w", err)
 	}
 	return s, nil
-}
-
-// checkFields reports the first JSON object key, in sorted order and with its path, that
-// the Go type t has no json-tagged field for. Type mismatches are left to json.Unmarshal.
-func checkFields(raw json.RawMessage, t reflect.Type, path string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(raw, &obj) != nil {
-			return nil
-		}
-		fields := map[string]reflect.Type{}
-		for i := range t.NumField() {
-			f := t.Field(i)
-			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
-				fields[name] = f.Type
-			}
-		}
-		for _, k := range slices.Sorted(maps.Keys(obj)) {
-			ft, ok := fields[k]
-			if !ok {
-				return fmt.Errorf("%s: unknown field", join(path, k))
-			}
-			if err := checkFields(obj[k], ft, join(path, k)); err != nil {
-				return err
-			}
-		}
-	case reflect.Slice:
-		var arr []json.RawMessage
-		if json.Unmarshal(raw, &arr) != nil {
-			return nil
-		}
-		for i, el := range arr {
-			if err := checkFields(el, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
-		}
-	case reflect.Map:
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(raw, &obj) != nil {
-			return nil
-		}
-		for _, k := range slices.Sorted(maps.Keys(obj)) {
-			if err := checkFields(obj[k], t.Elem(), join(path, k)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 func join(path, field string) string {

@@ -698,8 +698,8 @@ func TestConfigErrorsRefuseToStart(t *testing.T) {
 			`metrics[0] (requests_total): dimension "user": expression "request.header['x-user']": column 1: unknown attribute request.header['x-user']`},
 		{`{"definitions": [{"name": "b", "type": "HISTOGRAM", "value": "response.total_size +"}]}`,
 			`definitions[0] (b): value expression "response.total_size +": column 22: unexpected end of expression`},
-		{`{"stat_prefix": "istio", "metricz": []}`, `unknown field "metricz"`},
-		{`{"definitions": [{"name": "b", "value": "1", "kind": "COUNTER"}]}`, `definitions[0]: json: unknown field "kind"`},
+		{`{"stat_prefix": "istio", "metricz": []}`, `plugin configuration: metricz: unknown field`},
+		{`{"definitions": [{"name": "b", "value": "1", "kind": "COUNTER"}]}`, `plugin configuration: definitions[0].kind: unknown field`},
 		{`not json`, `plugin configuration: invalid character`},
 	} {
 		p, status := startProxy(t, tc.cfg, ratings, "", inbound)

@@ -2,13 +2,12 @@ package statsplan
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
+	"github.com/wasmesh/wasmesh/filters/internal/jsonconf"
 	"github.com/wasmesh/wasmesh/filters/telemetry/expr"
 )
 
@@ -87,22 +86,21 @@ const (
 	minTCPReportingDuration     = 100 * time.Millisecond
 )
 
-// rawConfig mirrors the JSON; list elements stay raw so each is decoded strictly on its
-// own and its errors say which one.
+// rawConfig mirrors the JSON.
 type rawConfig struct {
-	Metrics                   []json.RawMessage `json:"metrics"`
-	Definitions               []json.RawMessage `json:"definitions"`
-	StatPrefix                *string           `json:"stat_prefix"`
-	FieldSeparator            *string           `json:"field_separator"`
-	ValueSeparator            *string           `json:"value_separator"`
-	DisableHostHeaderFallback bool              `json:"disable_host_header_fallback"`
-	MaxPeerCacheSize          int               `json:"max_peer_cache_size"`
-	MaxLabelSetsPerMetric     *int              `json:"max_label_sets_per_metric"`
-	Reporter                  string            `json:"reporter"`
-	Debug                     bool              `json:"debug"` // deprecated in Istio; accepted, no effect
-	TCPReportingDuration      *string           `json:"tcp_reporting_duration"`
-	MetadataMode              *json.RawMessage  `json:"metadata_mode"`
-	Network                   bool              `json:"network"`
+	Metrics                   []MetricConfig     `json:"metrics"`
+	Definitions               []MetricDefinition `json:"definitions"`
+	StatPrefix                *string            `json:"stat_prefix"`
+	FieldSeparator            *string            `json:"field_separator"`
+	ValueSeparator            *string            `json:"value_separator"`
+	DisableHostHeaderFallback bool               `json:"disable_host_header_fallback"`
+	MaxPeerCacheSize          int                `json:"max_peer_cache_size"`
+	MaxLabelSetsPerMetric     *int               `json:"max_label_sets_per_metric"`
+	Reporter                  string             `json:"reporter"`
+	Debug                     bool               `json:"debug"` // deprecated in Istio; accepted, no effect
+	TCPReportingDuration      *string            `json:"tcp_reporting_duration"`
+	MetadataMode              jsonconf.Raw       `json:"metadata_mode"`
+	Network                   bool               `json:"network"`
 }
 
 // ParseConfig decodes the plugin configuration (JSON; empty means the defaults), refusing
@@ -118,7 +116,7 @@ func ParseConfig(data []byte) (Config, error) {
 		return cfg, nil
 	}
 	var raw rawConfig
-	if err := decodeStrict(data, &raw); err != nil {
+	if err := jsonconf.Unmarshal(data, &raw); err != nil {
 		return Config{}, err
 	}
 	if raw.FieldSeparator != nil && *raw.FieldSeparator != FieldSeparator {
@@ -165,35 +163,11 @@ func ParseConfig(data []byte) (Config, error) {
 	default:
 		return Config{}, fmt.Errorf("reporter %q must be %q, %q or empty (decided by listener_direction)", raw.Reporter, ReporterSource, ReporterDestination)
 	}
-	for i, m := range raw.Metrics {
-		var mc MetricConfig
-		if err := decodeStrict(m, &mc); err != nil {
-			return Config{}, fmt.Errorf("metrics[%d]: %w", i, err)
-		}
+	for i, mc := range raw.Metrics {
 		if mc.Match != "" {
 			return Config{}, fmt.Errorf("metrics[%d]: match is not supported (Istio does not implement it either)", i)
 		}
-		cfg.Metrics = append(cfg.Metrics, mc)
 	}
-	for i, d := range raw.Definitions {
-		var md MetricDefinition
-		if err := decodeStrict(d, &md); err != nil {
-			return Config{}, fmt.Errorf("definitions[%d]: %w", i, err)
-		}
-		cfg.Definitions = append(cfg.Definitions, md)
-	}
+	cfg.Metrics, cfg.Definitions = raw.Metrics, raw.Definitions
 	return cfg, nil
-}
-
-// decodeStrict decodes one JSON value into v, refusing unknown fields and trailing data.
-func decodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("unexpected data after the JSON value")
-	}
-	return nil
 }
