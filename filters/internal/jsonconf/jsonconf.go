@@ -30,12 +30,26 @@ const maxDepth = 1000
 var rawType = reflect.TypeFor[Raw]()
 
 // Unmarshal decodes the JSON document data into the value v points to.
-func Unmarshal(data []byte, v any) error {
+func Unmarshal(data []byte, v any) error { return Options{}.Unmarshal(data, v) }
+
+// Options change how a document is read.
+type Options struct {
+	// Proto reads the document as protobuf's JSON mapping of a message whose fields the
+	// tags name (in their proto spelling, lower_snake_case), as the C++ parser of Envoy
+	// and Istio does: a member may also be spelt in lowerCamelCase (the field's JSON
+	// name), and an integer or a boolean may be a string ("5", "false"). For a filter
+	// whose configuration is an Istio message, so that configuration written for Istio
+	// (its own charts wrote "debug": "false") reads the same.
+	Proto bool
+}
+
+// Unmarshal decodes the JSON document data into the value v points to.
+func (o Options) Unmarshal(data []byte, v any) error {
 	rv := reflect.ValueOf(v)
 	if rv.Kind() != reflect.Pointer || rv.IsNil() {
 		return errors.New("jsonconf: Unmarshal needs a non-nil pointer")
 	}
-	d := &decoder{data: data}
+	d := &decoder{data: data, proto: o.Proto}
 	d.skipSpace()
 	if err := d.value(rv.Elem()); err != nil {
 		return err
@@ -53,6 +67,7 @@ type decoder struct {
 	pos   int
 	path  []string
 	depth int
+	proto bool // Options.Proto
 }
 
 // fail is an error about the value at the current path.
@@ -169,6 +184,16 @@ func (d *decoder) value(v reflect.Value) error {
 		case 'f':
 			v.SetBool(false)
 			return d.literal("false")
+		case '"':
+			if d.proto {
+				return d.quoted(func(s string) error {
+					if s != "true" && s != "false" {
+						return d.fail("want a boolean, not the string %q", s)
+					}
+					v.SetBool(s == "true")
+					return nil
+				})
+			}
 		}
 		return d.wrong("a boolean")
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
@@ -225,7 +250,7 @@ func (d *decoder) object(member func(name string) error) error {
 
 // field decodes a struct member into the field tagged with its name.
 func (d *decoder) field(v reflect.Value, name string) error {
-	if f, ok := fieldByTag(v, name); ok {
+	if f, ok := fieldByTag(v, name, d.proto); ok {
 		return d.value(f)
 	}
 	if err := d.skipValue(); err != nil {
@@ -234,23 +259,44 @@ func (d *decoder) field(v reflect.Value, name string) error {
 	return d.fail("unknown field")
 }
 
-// fieldByTag finds the field of struct v tagged name, looking into embedded structs
-// (not pointers to them) without a tag, as encoding/json does.
-func fieldByTag(v reflect.Value, name string) (reflect.Value, bool) {
+// fieldByTag finds the field of struct v tagged name (or, with proto, whose tag's
+// lowerCamelCase is name), looking into embedded structs (not pointers to them) without a
+// tag, as encoding/json does.
+func fieldByTag(v reflect.Value, name string, proto bool) (reflect.Value, bool) {
 	t := v.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
 		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if tag == name && tag != "-" {
+		if tag != "-" && (tag == name || proto && tag != "" && camel(tag) == name) {
 			return v.Field(i), true
 		}
 		if f.Anonymous && tag == "" && f.Type.Kind() == reflect.Struct {
-			if fv, ok := fieldByTag(v.Field(i), name); ok {
+			if fv, ok := fieldByTag(v.Field(i), name, proto); ok {
 				return fv, true
 			}
 		}
 	}
 	return reflect.Value{}, false
+}
+
+// camel is protobuf's JSON name of a field: each underscore dropped and the letter after
+// it upper-cased.
+func camel(name string) string {
+	var b strings.Builder
+	upper := false
+	for i := range len(name) {
+		c := name[i]
+		switch {
+		case c == '_':
+			upper = true
+			continue
+		case upper && 'a' <= c && c <= 'z':
+			c -= 'a' - 'A'
+		}
+		upper = false
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // mapEntry decodes a map member into a fresh element and stores it.

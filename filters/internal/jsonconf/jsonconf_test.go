@@ -169,7 +169,7 @@ func TestErrorsSayWhatAndWhere(t *testing.T) {
 }
 
 // The package reads JSON as encoding/json does: the same documents are valid, and a
-// document that decodes here decodes there to the same value.
+// document that decodes here decodes there to the same value (and to the same with Proto).
 func FuzzUnmarshalAgreesWithEncodingJSON(f *testing.F) {
 	for _, seed := range []string{
 		`{"name": "a", "shadow": true, "weight": 1.5, "port": 80, "small": 1}`,
@@ -204,9 +204,56 @@ func FuzzUnmarshalAgreesWithEncodingJSON(f *testing.F) {
 			t.Fatalf("jsonconf decoded what encoding/json refuses (%v): %+v", jsonErr, got)
 		case err == nil:
 			assert.Equal(t, want, got)
+			var proto fields // Proto only widens what is accepted
+			require.NoError(t, Options{Proto: true}.Unmarshal(data, &proto))
+			assert.Equal(t, got, proto)
 		case jsonErr == nil && !strings.Contains(err.Error(), "unknown field"):
 			// The one difference allowed: encoding/json matches names case-insensitively.
 			t.Fatalf("jsonconf refused (%v) what encoding/json decodes: %+v", err, want)
 		}
 	})
+}
+
+// With Proto, a document reads as protobuf's C++ JSON parser reads it into a message.
+func TestProtoReadsAsProtobufDoes(t *testing.T) {
+	proto := Options{Proto: true}
+	var c conf
+	require.NoError(t, proto.Unmarshal([]byte(`{"name": "a", "tokenBucket": {"maxTokens": "-5", "fill_interval": "1s"},
+		"shadow": "true", "port": "8080", "small": 3, "entries": [{"key": "k"}]}`), &c))
+	max := int64(-5)
+	assert.Equal(t, conf{fields: fields{Name: "a", Shadow: true, Port: 8080, Small: 3,
+		Bucket: &bucket{Max: &max, Interval: "1s"}, Entries: []entry{{Key: "k"}}}}, c)
+	require.NoError(t, proto.Unmarshal([]byte(`{"shadow": "false"}`), &c))
+	assert.False(t, c.Shadow)
+
+	for in, want := range map[string]string{
+		`{"shadow": "no"}`:                          `shadow: want a boolean, not the string "no"`,
+		`{"shadow": "True"}`:                        `shadow: want a boolean, not the string "True"`,
+		`{"port": "80x"}`:                           "port: number 80x is not a whole number that fits uint16",
+		`{"port": "70000"}`:                         "port: number 70000 is not a whole number that fits uint16",
+		`{"weight": "1.5"}`:                         "weight: want a number, not a string",
+		`{"name": 5}`:                               "name: want a string, not a number",
+		`{"Name": "a"}`:                             "Name: unknown field",
+		`{"token_Bucket": {}}`:                      "token_Bucket: unknown field",
+		`{"tokenbucket": {}}`:                       "tokenbucket: unknown field",
+		`{"entries": [{"Key": "k"}]}`:               "entries[0].Key: unknown field",
+		`{"match": {"u": "1"}, "match_x": {}}`:      "match_x: unknown field",
+		`{"token_bucket": {"max_tokens": "1\u0"}}`: `invalid character '"' at offset 37 in a \u escape`,
+	} {
+		var c conf
+		assert.EqualError(t, proto.Unmarshal([]byte(in), &c), want, in)
+	}
+	// Without it, neither spelling nor strings are protobuf's.
+	assert.EqualError(t, Unmarshal([]byte(`{"tokenBucket": {}}`), &c), "tokenBucket: unknown field")
+	assert.EqualError(t, Unmarshal([]byte(`{"shadow": "false"}`), &c), "shadow: want a boolean, not a string")
+	assert.EqualError(t, Unmarshal([]byte(`{"port": "80"}`), &c), "port: want a number, not a string")
+}
+
+func TestCamelIsProtobufsJSONName(t *testing.T) {
+	for name, want := range map[string]string{
+		"name": "name", "stat_prefix": "statPrefix", "tags_to_remove": "tagsToRemove",
+		"a_1b": "a1b", "x__y": "xY", "trailing_": "trailing", "_lead": "Lead", "max_tokens": "maxTokens",
+	} {
+		assert.Equal(t, want, camel(name), name)
+	}
 }

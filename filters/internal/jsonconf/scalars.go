@@ -164,6 +164,11 @@ func (d *decoder) numberText() (string, error) {
 
 // number decodes a number into an integer or float v.
 func (d *decoder) number(v reflect.Value) error {
+	if d.proto && d.data[d.pos] == '"' && v.Kind() != reflect.Float32 && v.Kind() != reflect.Float64 {
+		// protobuf's JSON mapping writes 64-bit integers as strings, and reads any
+		// integer from one.
+		return d.quoted(func(s string) error { return d.setNumber(v, s) })
+	}
 	if c := d.data[d.pos]; c != '-' && (c < '0' || c > '9') {
 		return d.wrong("a number")
 	}
@@ -171,6 +176,20 @@ func (d *decoder) number(v reflect.Value) error {
 	if err != nil {
 		return err
 	}
+	return d.setNumber(v, text)
+}
+
+// quoted reads a string and hands it to set.
+func (d *decoder) quoted(set func(string) error) error {
+	s, err := d.str()
+	if err != nil {
+		return err
+	}
+	return set(s)
+}
+
+// setNumber stores the number text in v.
+func (d *decoder) setNumber(v reflect.Value, text string) error {
 	switch v.Kind() {
 	case reflect.Float32, reflect.Float64:
 		f, err := strconv.ParseFloat(text, v.Type().Bits())

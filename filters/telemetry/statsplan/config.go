@@ -39,7 +39,10 @@ import (
 // streams or TCP connections, and nothing in Envoy's attributes says which filter type
 // loaded it). Unknown fields, Istio fields this filter does not implement
 // (with a value other than their default) and expressions it cannot evaluate are errors,
-// so a configuration is either honoured or refused.
+// so a configuration is either honoured or refused. The JSON is read as protobuf reads it
+// into Istio's message: a field may be spelt in lowerCamelCase ("statPrefix"), and an
+// integer or a boolean may be a string ("max_peer_cache_size": "100", and Istio's own
+// charts' "debug": "false").
 type Config struct {
 	Metrics     []MetricConfig
 	Definitions []MetricDefinition
@@ -103,8 +106,9 @@ type rawConfig struct {
 	Network                   bool               `json:"network"`
 }
 
-// ParseConfig decodes the plugin configuration (JSON; empty means the defaults), refusing
-// what it does not know; expressions are compiled later, by [Build].
+// ParseConfig decodes the plugin configuration (JSON, read as protobuf reads it; empty
+// means the defaults), refusing what it does not know; expressions are compiled later, by
+// [Build].
 func ParseConfig(data []byte) (Config, error) {
 	cfg := Config{
 		StatPrefix:            defaultStatPrefix,
@@ -116,7 +120,7 @@ func ParseConfig(data []byte) (Config, error) {
 		return cfg, nil
 	}
 	var raw rawConfig
-	if err := jsonconf.Unmarshal(data, &raw); err != nil {
+	if err := (jsonconf.Options{Proto: true}).Unmarshal(data, &raw); err != nil {
 		return Config{}, err
 	}
 	if raw.FieldSeparator != nil && *raw.FieldSeparator != FieldSeparator {
