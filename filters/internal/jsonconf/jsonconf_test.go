@@ -227,17 +227,17 @@ func TestProtoReadsAsProtobufDoes(t *testing.T) {
 	assert.False(t, c.Shadow)
 
 	for in, want := range map[string]string{
-		`{"shadow": "no"}`:                          `shadow: want a boolean, not the string "no"`,
-		`{"shadow": "True"}`:                        `shadow: want a boolean, not the string "True"`,
-		`{"port": "80x"}`:                           "port: number 80x is not a whole number that fits uint16",
-		`{"port": "70000"}`:                         "port: number 70000 is not a whole number that fits uint16",
-		`{"weight": "1.5"}`:                         "weight: want a number, not a string",
-		`{"name": 5}`:                               "name: want a string, not a number",
-		`{"Name": "a"}`:                             "Name: unknown field",
-		`{"token_Bucket": {}}`:                      "token_Bucket: unknown field",
-		`{"tokenbucket": {}}`:                       "tokenbucket: unknown field",
-		`{"entries": [{"Key": "k"}]}`:               "entries[0].Key: unknown field",
-		`{"match": {"u": "1"}, "match_x": {}}`:      "match_x: unknown field",
+		`{"shadow": "no"}`:                         `shadow: want a boolean, not the string "no"`,
+		`{"shadow": "True"}`:                       `shadow: want a boolean, not the string "True"`,
+		`{"port": "80x"}`:                          "port: number 80x is not a whole number that fits uint16",
+		`{"port": "70000"}`:                        "port: number 70000 is not a whole number that fits uint16",
+		`{"weight": "1.5"}`:                        "weight: want a number, not a string",
+		`{"name": 5}`:                              "name: want a string, not a number",
+		`{"Name": "a"}`:                            "Name: unknown field",
+		`{"token_Bucket": {}}`:                     "token_Bucket: unknown field",
+		`{"tokenbucket": {}}`:                      "tokenbucket: unknown field",
+		`{"entries": [{"Key": "k"}]}`:              "entries[0].Key: unknown field",
+		`{"match": {"u": "1"}, "match_x": {}}`:     "match_x: unknown field",
 		`{"token_bucket": {"max_tokens": "1\u0"}}`: `invalid character '"' at offset 37 in a \u escape`,
 	} {
 		var c conf
