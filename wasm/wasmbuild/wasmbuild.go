@@ -104,8 +104,8 @@ func (b *Builder) Build(ctx context.Context, dir string) (Artifact, error) {
 }
 
 // Build compiles dir into a reactor module, reusing a cached artifact when the sources of
-// the guest's module (and, with a workspace, of every workspace module), the Go version and
-// the options are unchanged. Concurrent builds of the same key, even from different
+// the guest's module (and, with a workspace, of every workspace module), the Go version,
+// the build settings (buildSettings) and the options are unchanged. Concurrent builds of the same key, even from different
 // processes, are safe: the artifact is written to a temporary file and renamed into place.
 func Build(ctx context.Context, dir string, opts Options) (Artifact, error) {
 	abs, err := filepath.Abs(dir)
@@ -147,12 +147,15 @@ func Build(ctx context.Context, dir string, opts Options) (Artifact, error) {
 	}
 	env = append(env, opts.Env...)
 
-	goVersion, err := output(ctx, goCmd, abs, env, "env", "GOVERSION")
+	// The settings that change what the go command builds, as it resolves them from the
+	// environment and go env's own file: a GOEXPERIMENT or GOFLAGS set for one build must
+	// not reuse another's artifact.
+	settings, err := output(ctx, goCmd, abs, env, append([]string{"env"}, buildSettings...)...)
 	if err != nil {
 		return Artifact{}, err
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "v1\x00%s\x00%s\x00%s\x00", strings.TrimSpace(goVersion), abs, strings.Join(env, "\x00"))
+	fmt.Fprintf(h, "v2\x00%s\x00%s\x00%s\x00", settings, abs, strings.Join(env, "\x00"))
 	roots := []string{modRoot}
 	if useWork {
 		fmt.Fprintf(h, "work\x00")
@@ -201,6 +204,9 @@ func Build(ctx context.Context, dir string, opts Options) (Artifact, error) {
 	}
 	return Artifact{Path: out, Key: key}, nil
 }
+
+// buildSettings are the go env variables a build's cache key includes.
+var buildSettings = []string{"GOVERSION", "GOEXPERIMENT", "GOFLAGS", "GOWASM", "GOTOOLCHAIN"}
 
 func defaultGo() string {
 	if p, err := exec.LookPath("go"); err == nil {

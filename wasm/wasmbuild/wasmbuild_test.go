@@ -80,6 +80,13 @@ func TestBuildOutsideTheWorkspaceAndCache(t *testing.T) {
 	assert.NotEqual(t, art.Key, changed.Key)
 	assert.False(t, changed.Cached)
 
+	// So does a build setting from the environment (a tag that selects no file here).
+	t.Setenv("GOFLAGS", "-tags=wasmbuild_key_test")
+	tagged, err := Build(ctx, filepath.Join(mod, "hello"), opts)
+	require.NoError(t, err)
+	assert.NotEqual(t, changed.Key, tagged.Key)
+	assert.False(t, tagged.Cached)
+
 	// Forcing the workspace on fails: the module is not in go.work's use list.
 	_, err = Build(ctx, filepath.Join(mod, "hello"), Options{CacheDir: opts.CacheDir, Workspace: WorkspaceOn})
 	assert.Error(t, err)
