@@ -105,8 +105,9 @@ func (b *Builder) Build(ctx context.Context, dir string) (Artifact, error) {
 
 // Build compiles dir into a reactor module, reusing a cached artifact when the sources of
 // the guest's module (and, with a workspace, of every workspace module), the Go version,
-// the build settings (buildSettings) and the options are unchanged. Concurrent builds of the same key, even from different
-// processes, are safe: the artifact is written to a temporary file and renamed into place.
+// the build settings (buildSettings) and the options are unchanged. Concurrent builds of
+// the same key, even from different processes, are safe: the artifact is written to a
+// temporary file and renamed into place.
 func Build(ctx context.Context, dir string, opts Options) (Artifact, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
