@@ -65,12 +65,12 @@ func (g *guestTimes) report(b *testing.B, requests int) {
 	}
 }
 
-// harnessGuestTime runs n requests like the benchmark's (a GET, a 200 with a 2-byte body,
+// harnessGuestTimes runs requests like the benchmark's (a GET, a 200 with a 2-byte body,
 // on an inbound listener of the bench node) through filter f on the host alone, one
-// instance, and returns its callback time per request: the harness figure, measured as
-// meshproxy measures it. The requests go back to back when every is 0, else one starts
-// each every.
-func harnessGuestTime(b *testing.B, f guestFilter, n int, every time.Duration) time.Duration {
+// instance, and returns its callback time per request, measured as meshproxy measures it:
+// over n requests back to back (harness), then over paced requests, one starting each
+// every (paced). The module is compiled and warmed up once for both.
+func harnessGuestTimes(b *testing.B, f guestFilter, n, pacedN int, every time.Duration) (harness, paced time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	code, err := os.ReadFile(f.file)
@@ -100,22 +100,24 @@ func harnessGuestTime(b *testing.B, f guestFilter, n int, every time.Duration) t
 	for range 200 { // warm-up, as the proxy's
 		request()
 	}
-	before := filter.Plugin.Stats()
-	if every > 0 {
-		tick := time.NewTicker(every)
+	// measure is the callback time per request over n requests, each after a receive from
+	// tick when tick is not nil.
+	measure := func(n int, tick <-chan time.Time) time.Duration {
+		before := filter.Plugin.Stats()
 		for range n {
-			<-tick.C
+			if tick != nil {
+				<-tick
+			}
 			request()
 		}
-		tick.Stop()
-	} else {
-		for range n {
-			request()
+		after := filter.Plugin.Stats()
+		if len(after.Failures) > 0 {
+			b.Fatalf("%s failed in the harness: %v", f.name, after.Failures)
 		}
+		return (after.CallbackTime - before.CallbackTime) / time.Duration(n)
 	}
-	after := filter.Plugin.Stats()
-	if len(after.Failures) > 0 {
-		b.Fatalf("%s failed in the harness: %v", f.name, after.Failures)
-	}
-	return (after.CallbackTime - before.CallbackTime) / time.Duration(n)
+	harness = measure(n, nil)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	return harness, measure(pacedN, tick.C)
 }
