@@ -185,13 +185,6 @@ func parseConfig(data []byte) (*settings, error) {
 	return s, nil
 }
 
-func join(path, field string) string {
-	if path == "" {
-		return field
-	}
-	return path + "." + field
-}
-
 // fieldError is a validation error about one field.
 func fieldError(path, format string, args ...any) error {
 	return fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...))
