@@ -312,9 +312,10 @@ type httpContext struct {
 	grpc     bool
 
 	// Captured in the header callbacks.
-	authority  string
-	status     string
 	grpcStatus string
+	// status is the response's :status, read the first time it is needed (responseStatus).
+	status     string
+	statusRead bool
 	// peer is the other side's workload from its x-envoy-peer-metadata; nil when it sent
 	// none or something that does not decode.
 	peer *workload
@@ -330,9 +331,6 @@ func (h *httpContext) OnHttpRequestHeaders(int, bool) types.Action {
 	h.outbound = p.outbound()
 	if !p.durationFromHost {
 		h.start = time.Now()
-	}
-	if u := &p.plan.UsedLabels; u[statsplan.LabelDestinationService] || u[statsplan.LabelDestinationServiceName] || u[statsplan.LabelDestinationServiceNamespace] {
-		h.authority = requestHeaders.read(":authority")
 	}
 	h.grpc = isGRPC(requestHeaders.read("content-type"))
 	h.capture(p.plan.RequestHeaderSlots, requestHeaders.get)
@@ -364,7 +362,6 @@ func (h *httpContext) OnHttpRequestBody(size int, _ bool) types.Action {
 
 func (h *httpContext) OnHttpResponseHeaders(int, bool) types.Action {
 	p := h.p
-	h.status = responseHeaders.read(":status")
 	if h.grpc {
 		h.grpcStatus = responseHeaders.read("grpc-status")
 	}
@@ -431,7 +428,7 @@ func (h *httpContext) Attr(slot int) (expr.Value, bool) {
 			var s string
 			switch a.Fallback {
 			case statsplan.FallbackStatus:
-				s = h.status
+				s = h.responseStatus()
 			case statsplan.FallbackGRPCStatus:
 				s = h.grpcStatus
 			}
@@ -466,6 +463,21 @@ func (h *httpContext) setPeer(header string) {
 	h.peer = w
 }
 
+// :status and :authority are fallbacks (for hosts without response.code, and for clusters
+// that name no service), so they are read only when needed, which is in the log phase:
+// Envoy keeps a stream's headers readable there, for its access log.
+
+// responseStatus is the response's :status, "" when there was none.
+func (h *httpContext) responseStatus() string {
+	if !h.statusRead {
+		h.status, h.statusRead = responseHeaders.read(":status"), true
+	}
+	return h.status
+}
+
+// authority is the request's :authority.
+func (h *httpContext) authority() string { return requestHeaders.read(":authority") }
+
 // peerWorkload is the other side's workload, nil if unknown.
 func (h *httpContext) peerWorkload() *workload { return h.peer }
 
@@ -484,7 +496,7 @@ func (p *pluginContext) report(h *httpContext) {
 	if used[statsplan.LabelResponseCode] {
 		code, ok := p.intProperty(pathResponseCode)
 		if !ok {
-			code, _ = strconv.ParseInt(h.status, 10, 64) // 0 when the stream never got a response, as Istio
+			code, _ = strconv.ParseInt(h.responseStatus(), 10, 64) // 0 when the stream never got a response, as Istio
 		}
 		vals[statsplan.LabelResponseCode] = statusText(code, p.statuses)
 	}
@@ -538,8 +550,9 @@ func (p *pluginContext) report(h *httpContext) {
 // setSideLabels sets the labels an HTTP request and a TCP connection take the same way:
 // the reporter, both sides' workloads (this proxy's from its node, the other's from peer
 // metadata, nil when unknown) and principals, the destination service (from the cluster,
-// else the authority), the response flags and the connection security policy.
-func (p *pluginContext) setSideLabels(vals []string, outbound bool, peer *workload, authority string) {
+// else the authority, nil for a connection), the response flags and the connection
+// security policy.
+func (p *pluginContext) setSideLabels(vals []string, outbound bool, peer *workload, authority func() string) {
 	pl := p.plan
 	used := &pl.UsedLabels
 	if outbound {
@@ -566,7 +579,11 @@ func (p *pluginContext) setSideLabels(vals []string, outbound bool, peer *worklo
 		if b, ok := readProperty(pathClusterName); ok {
 			cluster = p.str(b)
 		}
-		svc, name, ns := destinationService(cluster, authority, pl.UseHostHeader)
+		var host string
+		if pl.UseHostHeader && authority != nil && clusterHost(cluster) == "" {
+			host = authority()
+		}
+		svc, name, ns := destinationService(cluster, host, pl.UseHostHeader)
 		if ns == "" {
 			ns = vals[statsplan.LabelDestinationWorkloadNamespace]
 		}

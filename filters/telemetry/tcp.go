@@ -85,13 +85,13 @@ func (c *tcpContext) labels() {
 	}
 	p := c.p
 	vals := p.values
-	p.setSideLabels(vals, c.outbound, nil, "")
+	p.setSideLabels(vals, c.outbound, nil, nil)
 	vals[statsplan.LabelRequestProtocol] = protocolTCP
 	vals[statsplan.LabelResponseCode] = tcpResponseCode
 	vals[statsplan.LabelGrpcResponseStatus] = ""
 	// The dimensions read properties (a connection has no headers) through the same
 	// reader as a request's.
-	p.setDimensions(vals, &httpContext{p: p, outbound: c.outbound, slots: make([]slotState, len(p.plan.Attributes))})
+	p.setDimensions(vals, &httpContext{p: p, outbound: c.outbound, statusRead: true, slots: make([]slotState, len(p.plan.Attributes))})
 	c.vals = slices.Clone(vals)
 }
 
