@@ -62,23 +62,27 @@ func orUnknown(s string) string {
 // destinationService returns destination_service, destination_service_name and, when
 // the host says it, destination_service_namespace. The host comes from Istio's cluster
 // name outbound|PORT|SUBSET|HOST (or inbound|PORT|SUBSET|HOST), else from the
-// :authority when useHost is set, as Istio's host-header fallback does. A Kubernetes
+// :authority when useHost is set, as Istio's host-header fallback does (authority is
+// called only then; nil means there is none, as for a TCP connection). A Kubernetes
 // service host NAME.NAMESPACE.svc[.DOMAIN] gives the short name and namespace (what
 // Istio takes from the cluster's service metadata); any other host is its own name,
 // and the namespace is left to the caller (Istio uses the destination workload's).
 // Istio's passthrough and blackhole clusters name the service themselves.
-func destinationService(cluster, authority string, useHost bool) (service, name, namespace string) {
+func destinationService(cluster string, authority func() string, useHost bool) (service, name, namespace string) {
+	if !useHost || authority == nil {
+		authority = func() string { return "" }
+	}
 	switch cluster {
 	case "BlackHoleCluster", "PassthroughCluster", "InboundPassthroughClusterIpv4", "InboundPassthroughClusterIpv6":
 		service = unknown
-		if useHost && authority != "" {
-			service = stripPort(authority)
+		if a := authority(); a != "" {
+			service = stripPort(a)
 		}
 		return service, cluster, ""
 	}
 	host := clusterHost(cluster)
-	if host == "" && useHost {
-		host = stripPort(authority)
+	if host == "" {
+		host = stripPort(authority())
 	}
 	if host == "" {
 		return unknown, unknown, ""

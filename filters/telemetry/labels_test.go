@@ -30,8 +30,10 @@ func TestDestinationService(t *testing.T) {
 		{"some_static_cluster", "a.b.svc.cluster.local", true, "a.b.svc.cluster.local", "a", "b"},
 		{"", "", true, "unknown", "unknown", ""},
 	} {
-		svc, name, ns := destinationService(tc.cluster, tc.authority, tc.useHost)
+		read := false
+		svc, name, ns := destinationService(tc.cluster, func() string { read = true; return tc.authority }, tc.useHost)
 		assert.Equal(t, []string{tc.svc, tc.name, tc.ns}, []string{svc, name, ns}, "%q %q %v", tc.cluster, tc.authority, tc.useHost)
+		assert.Equal(t, tc.useHost && clusterHost(tc.cluster) == "", read, "the authority is read only when it is used: %q %v", tc.cluster, tc.useHost)
 	}
 }
 

@@ -579,11 +579,7 @@ func (p *pluginContext) setSideLabels(vals []string, outbound bool, peer *worklo
 		if b, ok := readProperty(pathClusterName); ok {
 			cluster = p.str(b)
 		}
-		var host string
-		if pl.UseHostHeader && authority != nil && clusterHost(cluster) == "" {
-			host = authority()
-		}
-		svc, name, ns := destinationService(cluster, host, pl.UseHostHeader)
+		svc, name, ns := destinationService(cluster, authority, pl.UseHostHeader)
 		if ns == "" {
 			ns = vals[statsplan.LabelDestinationWorkloadNamespace]
 		}
