@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/wasmesh/wasmesh/filters/internal/intern"
 	"github.com/wasmesh/wasmesh/wasm/protowire"
 )
 
@@ -302,17 +303,17 @@ func structValue(b []byte) (inner []byte, ok bool, err error) {
 // full it starts over, which bounds memory however many distinct values peers send.
 type peerCache struct {
 	max int // < 0: no caching
-	m   map[string]*workload
+	m   *intern.Cache[*workload]
 }
 
 func newPeerCache(max int) *peerCache {
-	return &peerCache{max: max, m: map[string]*workload{}}
+	return &peerCache{max: max, m: intern.NewCache[*workload]()}
 }
 
 // get returns the workload for header, nil if it does not decode (a peer that sends
 // garbage is reported like one that sends nothing). err says why, for logging.
 func (c *peerCache) get(header string) (w *workload, err error) {
-	if w, ok := c.m[header]; ok {
+	if w, ok := c.m.Get(header); ok {
 		return w, nil
 	}
 	id, err := decodePeerMetadata(header)
@@ -320,10 +321,10 @@ func (c *peerCache) get(header string) (w *workload, err error) {
 		w = newWorkload(id)
 	}
 	if c.max >= 0 {
-		if len(c.m) >= c.max {
-			clear(c.m)
+		if c.m.Len() >= c.max {
+			c.m.Clear()
 		}
-		c.m[header] = w
+		c.m.Put(header, w)
 	}
 	return w, err
 }

@@ -131,7 +131,7 @@ func TestPeerCacheIsBounded(t *testing.T) {
 		w, err := c.get(encodePeerMetadata(nodeIdentity{WorkloadName: string(rune('a' + i))}))
 		require.NoError(t, err)
 		require.Equal(t, string(rune('a'+i)), w.id.WorkloadName)
-		assert.LessOrEqual(t, len(c.m), 3)
+		assert.LessOrEqual(t, c.m.Len(), 3)
 	}
 	w, err := c.get("garbage!")
 	assert.Nil(t, w)
@@ -143,7 +143,7 @@ func TestPeerCacheIsBounded(t *testing.T) {
 	off := newPeerCache(-1)
 	_, err = off.get(encodePeerMetadata(nodeIdentity{WorkloadName: "x"}))
 	require.NoError(t, err)
-	assert.Empty(t, off.m)
+	assert.Zero(t, off.m.Len())
 }
 
 // Every peer field a configuration may name (statsplan.PeerFields, which the plan checks
