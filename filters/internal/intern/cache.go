@@ -4,7 +4,7 @@ import "unsafe"
 
 // Cache maps strings to values by their content, for keys that requests carry and that
 // are compared often: it finds an entry by a fingerprint of the key and then compares
-// the key eight bytes at a time (Equal). A map keyed by the string itself compares keys a
+// the key eight bytes at a time (equal). A map keyed by the string itself compares keys a
 // byte at a time on Wasm, and hashes every byte of them once it holds more than eight.
 // Two keys with the same fingerprint share an entry, the later replacing the earlier: a
 // miss, never a wrong value. The caller bounds its size (Len, Clear). The zero value is
@@ -24,7 +24,7 @@ func NewCache[V any]() *Cache[V] { return &Cache[V]{m: map[uint64]entry[V]{}} }
 // Get returns the value stored for key. key may share memory that changes afterwards (a
 // reused buffer): Get does not keep it.
 func (c *Cache[V]) Get(key string) (V, bool) {
-	if e, ok := c.m[fingerprint(key)]; ok && Equal(e.key, key) {
+	if e, ok := c.m[fingerprint(key)]; ok && equal(e.key, key) {
 		return e.v, true
 	}
 	var zero V
@@ -63,11 +63,12 @@ func fingerprint(s string) uint64 {
 	return h
 }
 
-// Equal reports whether a and b hold the same bytes, comparing eight at a time. Go's ==
+// equal reports whether a and b hold the same bytes, comparing eight at a time. Go's ==
 // on strings is memequal, which on Wasm walks the bytes one by one (memeqbody in
 // internal/bytealg/equal_wasm.s): for telemetry's peer metadata, about 400 bytes, that
-// was 2 µs of every request.
-func Equal(a, b string) bool {
+// was 2 µs of every request. Its loads, and fingerprint's, are unaligned, as the Go
+// runtime's own on Wasm, amd64 and arm64 (runtime/unaligned1.go).
+func equal(a, b string) bool {
 	n := len(a)
 	if n != len(b) {
 		return false
