@@ -22,8 +22,10 @@ const testLease = 5 * time.Second
 
 // Two discovery replicas, as the manifests deploy them, behind the istiod Service (the
 // service proxy), under steady traffic through the sample:
-//   - the replica serving most proxies is killed (SIGKILL): every proxy reconnects to the
-//     other; the node restarts the killed container, which is ready again; one replica
+//   - the replica serving most proxies is killed (SIGKILL): every proxy reconnects, the
+//     killed replica's to the other (one that reconnects late may reach the killed replica
+//     again once the node has restarted it, as the Service routes to any ready endpoint);
+//     the node restarts the killed container, which is ready again; one replica
 //     leads (a killed leader's restarted container takes its Lease back at once: it holds
 //     it under its pod's name, as in Kubernetes), and it does the leader's singleton work;
 //   - the leader's pod is deleted (kubectl delete pod): it hands its Lease over on SIGTERM,
@@ -46,10 +48,10 @@ func TestDiscoveryReplicaKilledUnderLoad(t *testing.T) {
 		victim.Pod, len(victim.Proxies), victim.Leader.Leading, survivor.Pod, len(survivor.Proxies), m.XDS.Active())
 	require.NoError(t, m.KillDiscovery(ctx, victim.Pod))
 	killed := time.Now()
-	waitReplicas(t, ctx, m, "every proxy to reconnect to "+survivor.Pod, func(reps []kubemesh.Replica) error {
-		return servedBy(reps, survivor.Pod, proxies)
+	reps = waitReplicas(t, ctx, m, "every proxy to reconnect, the killed replica's to "+survivor.Pod, func(reps []kubemesh.Replica) error {
+		return reconnected(reps, victim, survivor, proxies)
 	})
-	t.Logf("every proxy reconnected to %s %v after %s was killed", survivor.Pod, time.Since(killed).Round(time.Millisecond), victim.Pod)
+	t.Logf("every proxy reconnected %v after %s was killed: %s", time.Since(killed).Round(time.Millisecond), victim.Pod, describe(reps))
 	meshtest.WaitServed(t, g, 200)
 	reps = waitReplicas(t, ctx, m, "the killed replica to be restarted and ready", func(reps []kubemesh.Replica) error {
 		for _, r := range reps {
@@ -74,7 +76,7 @@ func TestDiscoveryReplicaKilledUnderLoad(t *testing.T) {
 		if leaderOf(reps) == lead {
 			return fmt.Errorf("%s still leads", lead)
 		}
-		return servedBy(reps, "", proxies, lead)
+		return servedBy(reps, proxies, lead)
 	})
 	t.Logf("%s leads %v after the leader %s was deleted", leaderOf(reps), time.Since(deleted).Round(time.Millisecond), lead)
 	webhooktest.OverwriteCABundle(t, m.Cluster, "the new leader restores the webhook's caBundle")
@@ -82,12 +84,11 @@ func TestDiscoveryReplicaKilledUnderLoad(t *testing.T) {
 	meshtest.RequireNoFailures(t, g)
 }
 
-// servedBy is nil when every proxy has one stream, to replica pod (any but those in gone
-// when pod is "").
-func servedBy(reps []kubemesh.Replica, pod string, proxies int, gone ...string) error {
+// servedBy is nil when every proxy has one stream, to any replica but those in gone.
+func servedBy(reps []kubemesh.Replica, proxies int, gone ...string) error {
 	seen := map[string]int{}
 	for _, r := range reps {
-		if (pod != "" && r.Pod != pod) || slices.Contains(gone, r.Pod) {
+		if slices.Contains(gone, r.Pod) {
 			continue
 		}
 		for _, p := range r.Proxies {
@@ -103,6 +104,25 @@ func servedBy(reps []kubemesh.Replica, pod string, proxies int, gone ...string) 
 		}
 	}
 	return nil
+}
+
+// reconnected is nil when every proxy has one stream, to survivor or to victim's restarted
+// container (never to the killed one, which may still answer for a moment), and at least
+// one of victim's proxies moved to survivor rather than waiting for victim to come back.
+func reconnected(reps []kubemesh.Replica, victim, survivor kubemesh.Replica, proxies int) error {
+	moved := false
+	for _, r := range reps {
+		if r.Pod == victim.Pod && r.Restarts <= victim.Restarts && len(r.Proxies) > 0 {
+			return fmt.Errorf("%s, not restarted yet, still answers for %d proxies", r.Pod, len(r.Proxies))
+		}
+		if r.Pod == survivor.Pod {
+			moved = slices.ContainsFunc(r.Proxies, func(p string) bool { return slices.Contains(victim.Proxies, p) })
+		}
+	}
+	if !moved {
+		return fmt.Errorf("none of %s's proxies has reached %s (replicas: %v)", victim.Pod, survivor.Pod, describe(reps))
+	}
+	return servedBy(reps, proxies)
 }
 
 // oneLeader is nil when exactly one replica leads and every replica that answers says so.
@@ -151,7 +171,7 @@ func servedOnce(reps []kubemesh.Replica, proxies int) error {
 	if err := oneLeader(reps); err != nil {
 		return err
 	}
-	return servedBy(reps, "", proxies)
+	return servedBy(reps, proxies)
 }
 
 // waitReplicas waits until cond holds for the replicas, and returns them.
